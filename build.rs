@@ -1,0 +1,17 @@
+//! Compiles the protos with protox, a pure-Rust protobuf compiler, so a build
+//! needs nothing outside cargo.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "proto/batcher/v1/batcher.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let fds = protox::compile([proto], ["proto"])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("batcher_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    tonic_prost_build::configure().compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! The domain types: items, batches, groups, and how a batch is read back
+//! from what the Lua scripts write.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// One item: an id unique within its key, and an opaque payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    pub id: Vec<u8>,
+    pub payload: Vec<u8>,
+}
+
+/// Why a group was flushed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlushReason {
+    Size,
+    Timeout,
+    Bytes,
+    Manual,
+}
+
+impl FlushReason {
+    /// The word the scripts store in the stream.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlushReason::Size => "SIZE",
+            FlushReason::Timeout => "TIMEOUT",
+            FlushReason::Bytes => "BYTES",
+            FlushReason::Manual => "MANUAL",
+        }
+    }
+}
+
+impl FromStr for FlushReason {
+    type Err = DecodeError;
+    fn from_str(s: &str) -> Result<Self, DecodeError> {
+        Ok(match s {
+            "SIZE" => FlushReason::Size,
+            "TIMEOUT" => FlushReason::Timeout,
+            "BYTES" => FlushReason::Bytes,
+            "MANUAL" => FlushReason::Manual,
+            other => return Err(DecodeError(format!("unknown flush reason {other:?}"))),
+        })
+    }
+}
+
+/// A position in one shard's stream: a Redis stream entry id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId {
+    pub ms: u64,
+    pub seq: u64,
+}
+
+impl StreamId {
+    /// The position before every entry.
+    pub const ZERO: StreamId = StreamId { ms: 0, seq: 0 };
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+impl FromStr for StreamId {
+    type Err = DecodeError;
+    fn from_str(s: &str) -> Result<Self, DecodeError> {
+        let bad = || DecodeError(format!("bad stream id {s:?}"));
+        let (ms, seq) = s.split_once('-').ok_or_else(bad)?;
+        Ok(StreamId {
+            ms: ms.parse().map_err(|_| bad())?,
+            seq: seq.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// A flushed group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// The shard whose stream holds the batch.
+    pub shard: u16,
+    /// The batch's entry in that stream; with the shard, it is the batch's identity.
+    pub stream_id: StreamId,
+    pub key: String,
+    /// In arrival order.
+    pub items: Vec<Item>,
+    pub reason: FlushReason,
+    /// Milliseconds since the Unix epoch, Redis clock.
+    pub opened_at_ms: u64,
+    /// Milliseconds since the Unix epoch, Redis clock.
+    pub flushed_at_ms: u64,
+}
+
+impl Batch {
+    /// The batch's unique id: `<shard>-<stream entry id>`. Stable for as long as
+    /// the batch is retained, because it is derived from where the batch is stored.
+    pub fn id(&self) -> String {
+        format!("{}-{}", self.shard, self.stream_id)
+    }
+}
+
+/// An open group, as GetGroup and ListGroups report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub key: String,
+    pub size: u32,
+    pub bytes: u64,
+    pub opened_at_ms: u64,
+    pub due_at_ms: u64,
+    /// Empty in listings.
+    pub items: Vec<Item>,
+}
+
+impl Group {
+    /// The wait window the group was opened with.
+    pub fn max_wait(&self) -> Duration {
+        Duration::from_millis(self.due_at_ms.saturating_sub(self.opened_at_ms))
+    }
+}
+
+/// Data in Redis that does not have the shape the scripts write.
+#[derive(Debug, thiserror::Error)]
+#[error("unexpected data in Redis: {0}")]
+pub struct DecodeError(pub String);
+
+/// Decodes the `items` blob of a batch: for each item,
+/// `<id length>:<id><payload length>:<payload>`.
+pub fn decode_items(mut blob: &[u8], expected: usize) -> Result<Vec<Item>, DecodeError> {
+    fn take<'a>(blob: &mut &'a [u8]) -> Result<&'a [u8], DecodeError> {
+        let colon = blob
+            .iter()
+            .position(|b| *b == b':')
+            .ok_or_else(|| DecodeError("item blob: missing length".into()))?;
+        let len: usize = std::str::from_utf8(&blob[..colon])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| DecodeError("item blob: bad length".into()))?;
+        let rest = &blob[colon + 1..];
+        if rest.len() < len {
+            return Err(DecodeError("item blob: truncated".into()));
+        }
+        let (value, tail) = rest.split_at(len);
+        *blob = tail;
+        Ok(value)
+    }
+    let mut items = Vec::with_capacity(expected);
+    while !blob.is_empty() {
+        let id = take(&mut blob)?.to_vec();
+        let payload = take(&mut blob)?.to_vec();
+        items.push(Item { id, payload });
+    }
+    if items.len() != expected {
+        return Err(DecodeError(format!(
+            "item blob holds {} items, header says {expected}",
+            items.len()
+        )));
+    }
+    Ok(items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The blob decoder reads binary ids and payloads, including ':' and empty payloads.
+    #[test]
+    fn decodes_binary_items() {
+        let blob = b"3:a:b4:\x00:\xff\n1:z0:";
+        let items = decode_items(blob, 2).unwrap();
+        assert_eq!(items[0].id, b"a:b");
+        assert_eq!(items[0].payload, b"\x00:\xff\n");
+        assert_eq!(items[1].id, b"z");
+        assert!(items[1].payload.is_empty());
+        assert!(decode_items(b"3:ab", 1).is_err());
+        assert!(decode_items(b"1:a1:b", 2).is_err());
+    }
+
+    /// Stream ids order numerically, not as strings.
+    #[test]
+    fn stream_ids_order_numerically() {
+        let a: StreamId = "9-5".parse().unwrap();
+        let b: StreamId = "10-0".parse().unwrap();
+        assert!(a < b);
+        assert_eq!(b.to_string(), "10-0");
+        assert!("10".parse::<StreamId>().is_err());
+    }
+}

@@ -1,0 +1,87 @@
+//! The `batcher` binary: parses arguments and runs the server.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use batcher::config::Config;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Count-or-timeout batching aggregator on Redis, served over gRPC"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the gRPC API.
+    Serve {
+        /// The TOML config file; built-in defaults when omitted.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Overrides `listen` from the config.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let Command::Serve {
+        config: path,
+        listen,
+    } = Args::parse().command;
+    let mut config = match &path {
+        Some(path) => match Config::load(path) {
+            Ok(config) => config,
+            Err(err) => {
+                eprintln!("batcher: {err}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => Config::default(),
+    };
+    if let Some(listen) = listen {
+        config.listen = listen;
+    }
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            eprintln!("batcher: cannot listen on {}: {err}", config.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    match batcher::server::run(listener, config, path, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("batcher: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Cancels `shutdown` on SIGINT or SIGTERM.
+async fn stop_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    shutdown.cancel();
+}

@@ -1,0 +1,150 @@
+//! Redis key names. This is the only module that formats them.
+//!
+//! Every key of one shard carries the hash tag `{<prefix>:<shard>}`, so all the
+//! keys that one script touches hash to one Redis Cluster slot.
+
+/// How keys map to shards and how shard keys are named.
+#[derive(Clone, Debug)]
+pub struct Keyspace {
+    prefix: String,
+    shards: u16,
+}
+
+/// The keys that make up one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardKeys {
+    /// Sorted set of open groups: member is the group's key, score its due time (ms).
+    pub due: String,
+    /// Stream of flushed batches: the shard's outbox.
+    pub stream: String,
+    /// Sorted set of recently flushed item ids, scored by when they may be forgotten.
+    pub flushed: String,
+}
+
+impl Keyspace {
+    /// A keyspace of `shards` shards under `prefix`. `prefix` must not contain
+    /// `{` or `}` (the config checks that), or the hash tag would break.
+    pub fn new(prefix: &str, shards: u16) -> Keyspace {
+        assert!(shards > 0, "shards must be at least 1");
+        Keyspace {
+            prefix: prefix.to_owned(),
+            shards,
+        }
+    }
+
+    /// Number of shards.
+    pub fn shards(&self) -> u16 {
+        self.shards
+    }
+
+    /// The shard of a key: FNV-1a (64-bit) of its bytes, modulo the shard count.
+    /// Stable across versions and platforms, because data written by one
+    /// release must be found by the next.
+    pub fn shard_of(&self, key: &str) -> u16 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in key.as_bytes() {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        (hash % u64::from(self.shards)) as u16
+    }
+
+    /// The hash tag shared by every key of a shard.
+    pub fn tag(&self, shard: u16) -> String {
+        format!("{{{}:{}}}", self.prefix, shard)
+    }
+
+    /// The shard-wide keys.
+    pub fn shard(&self, shard: u16) -> ShardKeys {
+        let tag = self.tag(shard);
+        ShardKeys {
+            due: format!("{tag}:due"),
+            stream: format!("{tag}:batches"),
+            flushed: format!("{tag}:flushed"),
+        }
+    }
+
+    /// The hash holding one open group's metadata and items.
+    pub fn group(&self, shard: u16, key: &str) -> String {
+        format!("{}:g:{key}", self.tag(shard))
+    }
+}
+
+/// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, or of the
+/// whole key when it has no tag, modulo 16384.
+pub fn cluster_slot(key: &[u8]) -> u16 {
+    let hashed = match key.iter().position(|b| *b == b'{') {
+        Some(open) => match key[open + 1..].iter().position(|b| *b == b'}') {
+            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+            _ => key,
+        },
+        None => key,
+    };
+    let mut crc: u16 = 0;
+    for byte in hashed {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// Panics (in debug builds) unless every key hashes to one cluster slot. Every
+/// script call passes its keys through this, so each test run checks the
+/// layout on every call it makes.
+pub fn debug_assert_one_slot(keys: &[&str]) {
+    if cfg!(debug_assertions)
+        && let Some(first) = keys.first()
+    {
+        let slot = cluster_slot(first.as_bytes());
+        for key in keys {
+            assert_eq!(
+                cluster_slot(key.as_bytes()),
+                slot,
+                "script keys span slots: {keys:?}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shard function is stable: these values must never change.
+    #[test]
+    fn shard_of_is_stable() {
+        let ks = Keyspace::new("batcher", 16);
+        let got: Vec<u16> = ["north", "south-1", "", "a"]
+            .iter()
+            .map(|k| ks.shard_of(k))
+            .collect();
+        assert_eq!(got, vec![4, 12, 5, 12]);
+        assert_eq!(Keyspace::new("x", 1).shard_of("anything"), 0);
+    }
+
+    /// A user key containing braces cannot move a group out of its shard's slot.
+    #[test]
+    fn group_key_keeps_shard_tag_first() {
+        let ks = Keyspace::new("batcher", 16);
+        let g = ks.group(3, "}{evil}");
+        assert!(g.starts_with("{batcher:3}:g:"));
+    }
+
+    /// Slots match the values Redis Cluster documents (CLUSTER KEYSLOT).
+    #[test]
+    fn cluster_slot_matches_redis() {
+        assert_eq!(cluster_slot(b"foo"), 12182);
+        assert_eq!(
+            cluster_slot(b"{user1000}.following"),
+            cluster_slot(b"user1000")
+        );
+        assert_eq!(cluster_slot(b"foo{}{bar}"), cluster_slot(b"foo{}{bar}"));
+        assert_eq!(cluster_slot(b"123456789"), 0x31C3 % 16384);
+    }
+}

@@ -1,0 +1,35 @@
+//! batcher groups items per key in Redis and flushes each group as one batch
+//! when it reaches its size threshold or when its first item has waited for
+//! the key's wait window.
+//!
+//! # Layout
+//! - `config`: the TOML config, its validation, and per-key policies.
+//! - `keys`: Redis key names, shards and hash tags; the only place that formats them.
+//! - `scripts`: the Lua scripts, one per atomic operation.
+//! - `batch`: items, batches and groups, the domain types.
+//! - `store`: every read and write of state in Redis.
+//! - `sweeper`: flushes groups whose wait window has passed.
+//! - `subscribers`: tails the shard streams and fans batches out to subscribers.
+//! - `service`: the gRPC API, validation, and the mapping of errors to status codes.
+//! - `embedded`: runs and supervises a `redis-server` child when no URL is configured.
+//! - `server`: wires it all together and serves until shutdown.
+
+pub mod batch;
+pub mod config;
+pub mod embedded;
+pub mod keys;
+pub mod scripts;
+pub mod server;
+pub mod service;
+pub mod store;
+pub mod subscribers;
+pub mod sweeper;
+
+/// Generated protobuf and gRPC types; they stop at the `service` layer.
+pub mod pb {
+    tonic::include_proto!("batcher.v1");
+
+    /// Encoded descriptors, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("batcher_descriptor");
+}

@@ -1,0 +1,25 @@
+//! The Lua scripts, one per atomic operation. Each is loaded once and run by
+//! EVALSHA (redis-rs falls back to loading it on NOSCRIPT).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Functions shared by the scripts that write batches.
+const BATCH_LIB: &str = include_str!("lua/batch_lib.lua");
+
+/// Adds items to the open groups of one shard; flushes groups that fill up.
+pub static ADD_ITEMS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&[BATCH_LIB, include_str!("lua/add_items.lua")].concat()));
+
+/// Flushes one group, by timeout (only if due) or by request.
+pub static FLUSH_GROUP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&[BATCH_LIB, include_str!("lua/flush_group.lua")].concat()));
+
+/// Reads which groups of a shard are due.
+pub static DUE_GROUPS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&[BATCH_LIB, include_str!("lua/due_groups.lua")].concat()));
+
+/// Removes one item from its open group.
+pub static REMOVE_ITEM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/remove_item.lua")));

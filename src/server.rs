@@ -1,0 +1,208 @@
+//! Wires the parts together and serves gRPC until shutdown.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, ConfigError, PolicyHandle};
+use crate::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedRedis};
+use crate::keys::Keyspace;
+use crate::pb::batcher_server::BatcherServer;
+use crate::service::BatcherService;
+use crate::store::{Store, StoreError, Timeouts};
+use crate::subscribers::Hub;
+use crate::{pb, sweeper};
+
+/// How often the health service re-checks Redis.
+const HEALTH_EVERY: Duration = Duration::from_secs(1);
+
+/// Errors that stop the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Embedded(#[from] EmbeddedError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Serves the batcher API on `listener` until `shutdown` is cancelled.
+///
+/// With no Redis URL in `config`, it first starts its own `redis-server`
+/// (see `embedded`) and stops it on the way out. `reload_from` names the
+/// config file that SIGHUP re-reads; a bad file is logged and ignored.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    reload_from: Option<PathBuf>,
+    shutdown: CancellationToken,
+) -> Result<(), ServerError> {
+    let embedded = match &config.redis.url {
+        Some(_) => None,
+        None => Some(
+            EmbeddedRedis::start(EmbeddedOptions {
+                redis_server: config.redis.redis_server.clone(),
+                data_dir: config.redis.data_dir.clone(),
+                appendfsync: config.redis.appendfsync.clone(),
+            })
+            .await?,
+        ),
+    };
+    let url = match (&config.redis.url, &embedded) {
+        (Some(url), _) => url.clone(),
+        (None, Some(embedded)) => embedded.url().to_owned(),
+        (None, None) => unreachable!("embedded redis is started when no url is set"),
+    };
+    let result = serve(listener, &config, &url, reload_from, shutdown).await;
+    if let Some(embedded) = embedded {
+        embedded.stop().await;
+    }
+    result
+}
+
+async fn serve(
+    listener: TcpListener,
+    config: &Config,
+    url: &str,
+    reload_from: Option<PathBuf>,
+    shutdown: CancellationToken,
+) -> Result<(), ServerError> {
+    let keyspace = Keyspace::new(&config.redis.prefix, config.redis.shards);
+    let store = Store::open(
+        url,
+        keyspace,
+        config.dedup.window,
+        Timeouts {
+            connect: config.redis.connect_timeout,
+            response: config.redis.response_timeout,
+        },
+    )?;
+    if let Err(err) = store.ping().await {
+        tracing::warn!(%err, "redis is not reachable yet; serving UNAVAILABLE until it is");
+    }
+
+    // Background tasks stop on `tasks`, which is cancelled after the gRPC
+    // server has stopped taking requests.
+    let tasks = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let policies = PolicyHandle::new(config.policies());
+    let sweeper = sweeper::spawn(
+        store.clone(),
+        config.sweeper.clone(),
+        config.subscriptions.retention,
+        &tracker,
+        tasks.clone(),
+    );
+    let hub = Hub::start(
+        store.clone(),
+        config.subscriptions.buffer,
+        &tracker,
+        tasks.clone(),
+    );
+    if let Some(path) = reload_from {
+        tracker.spawn(reload_on_sighup(path, policies.clone(), tasks.clone()));
+    }
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    tracker.spawn(watch_health(store.clone(), health, tasks.clone()));
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let service = BatcherService::new(store, policies, config.limits.clone(), sweeper, hub);
+
+    tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "serving");
+    // Subscriptions are long-lived streams: end them when shutdown starts so
+    // the server's graceful stop does not wait on them.
+    let stop_streams = {
+        let tasks = tasks.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            tasks.cancel();
+        }
+    };
+    let served = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(BatcherServer::new(service))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            stop_streams.await;
+        })
+        .await;
+
+    tasks.cancel();
+    tracker.close();
+    if tokio::time::timeout(config.shutdown_grace, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("background tasks did not stop within the grace period");
+    }
+    served?;
+    Ok(())
+}
+
+/// Reports SERVING while Redis answers and NOT_SERVING while it does not.
+async fn watch_health(
+    store: Store,
+    reporter: tonic_health::server::HealthReporter,
+    shutdown: CancellationToken,
+) {
+    const SERVICE: &str = "batcher.v1.Batcher";
+    let mut serving = None;
+    while !shutdown.is_cancelled() {
+        let ok = store.ping().await.is_ok();
+        if serving != Some(ok) {
+            let status = if ok {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter.set_service_status(SERVICE, status).await;
+            reporter.set_service_status("", status).await;
+            serving = Some(ok);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(HEALTH_EVERY) => {}
+        }
+    }
+}
+
+/// Re-reads the config file on SIGHUP and swaps in its policies. A bad file
+/// is logged and the policies in force stay.
+async fn reload_on_sighup(path: PathBuf, policies: PolicyHandle, shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::error!(%err, "cannot listen for SIGHUP; config reload disabled");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = hangups.recv() => {}
+        }
+        match Config::load(&path) {
+            Ok(config) => {
+                policies.replace(config.policies());
+                tracing::info!(path = %path.display(), "config reloaded");
+            }
+            Err(err) => {
+                tracing::error!(%err, "config reload failed; keeping the policies in force")
+            }
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! The gRPC API: request validation, the mapping between protobuf and domain
+//! types, and the one place that decides gRPC status codes.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_stream::Stream;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::batch::{self, FlushReason, Group};
+use crate::config::{Limits, PolicyHandle};
+use crate::pb;
+use crate::store::{AddOutcome, AddResult, NewItem, Store, StoreError};
+use crate::subscribers::{Cursor, Filter, Hub};
+use crate::sweeper::SweeperHandle;
+
+/// Largest ListGroups page.
+pub const MAX_LIST_LIMIT: u32 = 1000;
+/// ListGroups page size when the request leaves it 0.
+pub const DEFAULT_LIST_LIMIT: u32 = 100;
+
+/// Errors of the service layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request field is invalid; nothing was written.
+    #[error("{field}: {message}")]
+    InvalidArgument { field: String, message: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+impl From<Error> for Status {
+    fn from(err: Error) -> Status {
+        match err {
+            Error::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
+            Error::Store(StoreError::Unavailable(e)) => {
+                Status::unavailable(format!("redis unavailable: {e}"))
+            }
+            Error::Store(e) => {
+                tracing::error!(%e, "internal error");
+                Status::internal(e.to_string())
+            }
+        }
+    }
+}
+
+/// The `batcher.v1.Batcher` service.
+#[derive(Clone)]
+pub struct BatcherService {
+    store: Store,
+    policies: PolicyHandle,
+    limits: Limits,
+    sweeper: SweeperHandle,
+    hub: Hub,
+}
+
+impl BatcherService {
+    pub fn new(
+        store: Store,
+        policies: PolicyHandle,
+        limits: Limits,
+        sweeper: SweeperHandle,
+        hub: Hub,
+    ) -> Self {
+        BatcherService {
+            store,
+            policies,
+            limits,
+            sweeper,
+            hub,
+        }
+    }
+
+    fn check_key(&self, field: &str, key: &str) -> Result<(), Error> {
+        if key.is_empty() {
+            return Err(invalid(field, "must not be empty"));
+        }
+        if key.len() > self.limits.max_key_bytes {
+            return Err(invalid(
+                field,
+                format!(
+                    "is {} bytes, more than the limit of {}",
+                    key.len(),
+                    self.limits.max_key_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_id(&self, field: &str, id: &[u8]) -> Result<(), Error> {
+        if id.is_empty() {
+            return Err(invalid(field, "must not be empty"));
+        }
+        if id.len() > self.limits.max_item_id_bytes {
+            return Err(invalid(
+                field,
+                format!(
+                    "is {} bytes, more than the limit of {}",
+                    id.len(),
+                    self.limits.max_item_id_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Validates one add and resolves its key's policy. `field` prefixes the
+    /// names in error messages (`items[3].` in AddMany).
+    fn new_item(&self, field: &str, req: pb::AddRequest) -> Result<NewItem, Error> {
+        self.check_key(&format!("{field}key"), &req.key)?;
+        let item = req
+            .item
+            .ok_or_else(|| invalid(format!("{field}item"), "is required"))?;
+        self.check_id(&format!("{field}item.id"), &item.id)?;
+        if item.payload.len() > self.limits.max_payload_bytes {
+            return Err(invalid(
+                format!("{field}item.payload"),
+                format!(
+                    "is {} bytes, more than the limit of {}",
+                    item.payload.len(),
+                    self.limits.max_payload_bytes
+                ),
+            ));
+        }
+        let policy = self.policies.current().resolve(&req.key);
+        Ok(NewItem {
+            key: req.key,
+            item: batch::Item {
+                id: item.id,
+                payload: item.payload,
+            },
+            policy,
+        })
+    }
+
+    async fn add_items(&self, items: Vec<NewItem>) -> Result<Vec<pb::AddResponse>, Error> {
+        let report = self.store.add(&items).await?;
+        for (shard, due) in report.opened {
+            self.sweeper.opened(shard, due);
+        }
+        Ok(report.results.into_iter().map(add_response).collect())
+    }
+}
+
+fn add_response(result: AddResult) -> pb::AddResponse {
+    pb::AddResponse {
+        outcome: match result.outcome {
+            AddOutcome::Added => pb::AddOutcome::Added,
+            AddOutcome::Duplicate => pb::AddOutcome::Duplicate,
+        } as i32,
+        group_size: result.group_size,
+        flushed: result.flushed.map(|b| batch_to_pb(&b, String::new())),
+    }
+}
+
+fn timestamp(ms: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+/// Converts a batch for the wire.
+pub fn batch_to_pb(batch: &batch::Batch, cursor: String) -> pb::Batch {
+    pb::Batch {
+        id: batch.id(),
+        key: batch.key.clone(),
+        items: batch
+            .items
+            .iter()
+            .map(|item| pb::Item {
+                id: item.id.clone(),
+                payload: item.payload.clone(),
+            })
+            .collect(),
+        reason: match batch.reason {
+            FlushReason::Size => pb::FlushReason::Size,
+            FlushReason::Timeout => pb::FlushReason::Timeout,
+            FlushReason::Bytes => pb::FlushReason::Bytes,
+            FlushReason::Manual => pb::FlushReason::Manual,
+        } as i32,
+        opened_at: Some(timestamp(batch.opened_at_ms)),
+        flushed_at: Some(timestamp(batch.flushed_at_ms)),
+        cursor,
+    }
+}
+
+impl BatcherService {
+    fn group_to_pb(&self, group: Group) -> pb::Group {
+        let policy = self.policies.current().resolve(&group.key);
+        pb::Group {
+            size: group.size,
+            bytes: group.bytes,
+            opened_at: Some(timestamp(group.opened_at_ms)),
+            due_at: Some(timestamp(group.due_at_ms)),
+            max_items: policy.max_items,
+            max_wait: Some(duration(group.max_wait())),
+            max_bytes: policy.max_bytes.unwrap_or(0),
+            items: group
+                .items
+                .into_iter()
+                .map(|item| pb::Item {
+                    id: item.id,
+                    payload: item.payload,
+                })
+                .collect(),
+            key: group.key,
+        }
+    }
+}
+
+/// Encodes a ListGroups position as a page token.
+fn page_token(due: u64, key: &str) -> String {
+    format!("{due}:{key}")
+}
+
+fn parse_page_token(token: &str) -> Option<(u64, String)> {
+    let (due, key) = token.split_once(':')?;
+    Some((due.parse().ok()?, key.to_owned()))
+}
+
+type BatchStream = Pin<Box<dyn Stream<Item = Result<pb::Batch, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::batcher_server::Batcher for BatcherService {
+    async fn add(
+        &self,
+        request: Request<pb::AddRequest>,
+    ) -> Result<Response<pb::AddResponse>, Status> {
+        let item = self.new_item("", request.into_inner())?;
+        let mut results = self.add_items(vec![item]).await?;
+        Ok(Response::new(results.pop().unwrap_or_default()))
+    }
+
+    async fn add_many(
+        &self,
+        request: Request<pb::AddManyRequest>,
+    ) -> Result<Response<pb::AddManyResponse>, Status> {
+        let requests = request.into_inner().items;
+        if requests.len() > self.limits.max_add_many {
+            return Err(invalid(
+                "items",
+                format!(
+                    "holds {} adds, more than the limit of {}",
+                    requests.len(),
+                    self.limits.max_add_many
+                ),
+            )
+            .into());
+        }
+        // Validate everything before writing anything.
+        let items = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, req)| self.new_item(&format!("items[{i}]."), req))
+            .collect::<Result<Vec<_>, _>>()?;
+        let results = if items.is_empty() {
+            Vec::new()
+        } else {
+            self.add_items(items).await?
+        };
+        Ok(Response::new(pb::AddManyResponse { results }))
+    }
+
+    async fn remove(
+        &self,
+        request: Request<pb::RemoveRequest>,
+    ) -> Result<Response<pb::RemoveResponse>, Status> {
+        let req = request.into_inner();
+        self.check_key("key", &req.key)?;
+        self.check_id("item_id", &req.item_id)?;
+        let (removed, group_size) = self
+            .store
+            .remove(&req.key, &req.item_id)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::RemoveResponse {
+            removed,
+            group_size,
+        }))
+    }
+
+    async fn flush(
+        &self,
+        request: Request<pb::FlushRequest>,
+    ) -> Result<Response<pb::FlushResponse>, Status> {
+        let req = request.into_inner();
+        self.check_key("key", &req.key)?;
+        let batch = self
+            .store
+            .flush(&req.key, FlushReason::Manual)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::FlushResponse {
+            batch: batch.map(|b| batch_to_pb(&b, String::new())),
+        }))
+    }
+
+    async fn get_group(
+        &self,
+        request: Request<pb::GetGroupRequest>,
+    ) -> Result<Response<pb::GetGroupResponse>, Status> {
+        let req = request.into_inner();
+        self.check_key("key", &req.key)?;
+        let group = self.store.group(&req.key).await.map_err(Error::from)?;
+        Ok(Response::new(pb::GetGroupResponse {
+            group: group.map(|g| self.group_to_pb(g)),
+        }))
+    }
+
+    async fn list_groups(
+        &self,
+        request: Request<pb::ListGroupsRequest>,
+    ) -> Result<Response<pb::ListGroupsResponse>, Status> {
+        let req = request.into_inner();
+        if req.limit > MAX_LIST_LIMIT {
+            return Err(invalid("limit", format!("must be at most {MAX_LIST_LIMIT}")).into());
+        }
+        let limit = if req.limit == 0 {
+            DEFAULT_LIST_LIMIT
+        } else {
+            req.limit
+        } as usize;
+        let after = if req.page_token.is_empty() {
+            None
+        } else {
+            Some(
+                parse_page_token(&req.page_token)
+                    .ok_or_else(|| invalid("page_token", "is not a token from ListGroups"))?,
+            )
+        };
+        if req.key_prefix.len() > self.limits.max_key_bytes {
+            return Err(invalid("key_prefix", "is longer than the longest key").into());
+        }
+        let (groups, next) = self
+            .store
+            .list_groups(limit, after.as_ref(), &req.key_prefix)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::ListGroupsResponse {
+            groups: groups.into_iter().map(|g| self.group_to_pb(g)).collect(),
+            next_page_token: next
+                .map(|(due, key)| page_token(due, &key))
+                .unwrap_or_default(),
+        }))
+    }
+
+    type SubscribeStream = BatchStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<BatchStream>, Status> {
+        let req = request.into_inner();
+        for (i, key) in req.keys.iter().enumerate() {
+            self.check_key(&format!("keys[{i}]"), key)?;
+        }
+        for (i, prefix) in req.key_prefixes.iter().enumerate() {
+            self.check_key(&format!("key_prefixes[{i}]"), prefix)?;
+        }
+        let shards = self.store.keyspace().shards();
+        let from = match req.after.as_str() {
+            "" => self.hub.now().await.map_err(Error::from)?,
+            "0" => Cursor(vec![batch::StreamId::ZERO; usize::from(shards)]),
+            text => {
+                let unknown = || {
+                    invalid(
+                        "after",
+                        "is not a cursor of this service (use \"\", \"0\" or a Batch.cursor)",
+                    )
+                };
+                let cursor = Cursor::decode(text, shards).ok_or_else(unknown)?;
+                if !self.hub.is_known(&cursor).await.map_err(Error::from)? {
+                    return Err(unknown().into());
+                }
+                cursor
+            }
+        };
+        let filter = Filter {
+            keys: req.keys.into_iter().collect::<HashSet<_>>(),
+            prefixes: req.key_prefixes,
+        };
+        let deliveries = self.hub.subscribe(from, filter);
+        let stream = ReceiverStream::new(deliveries)
+            .map(|(batch, cursor): (Arc<batch::Batch>, String)| Ok(batch_to_pb(&batch, cursor)));
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

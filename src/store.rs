@@ -1,0 +1,707 @@
+//! The store: every read and write of batcher's state in Redis.
+//!
+//! Writes go through the Lua scripts in `scripts`; each call passes all of its
+//! keys in KEYS, and they always share one shard's hash tag. Calls made
+//! together (AddMany across shards, a sweep's flushes) are issued
+//! concurrently on the multiplexed connection, which pipelines them.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::future::try_join_all;
+use redis::aio::ConnectionManager;
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+use crate::batch::{Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items};
+use crate::config::Policy;
+use crate::keys::{Keyspace, debug_assert_one_slot};
+use crate::scripts;
+
+/// Errors of the store layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Redis could not be reached, or is not ready to serve (loading, failing over).
+    #[error("redis unavailable: {0}")]
+    Unavailable(RedisError),
+    /// Redis answered with an error that retrying will not fix.
+    #[error("redis error: {0}")]
+    Redis(RedisError),
+    /// Redis holds data that batcher did not write in that shape.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+}
+
+impl From<RedisError> for StoreError {
+    fn from(err: RedisError) -> StoreError {
+        let transient = err.is_io_error()
+            || err.is_timeout()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || matches!(
+                err.kind(),
+                ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                )
+            );
+        if transient {
+            StoreError::Unavailable(err)
+        } else {
+            StoreError::Redis(err)
+        }
+    }
+}
+
+/// Result type of the store.
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// One item to add, with the policy of its key resolved.
+#[derive(Clone, Debug)]
+pub struct NewItem {
+    pub key: String,
+    pub item: Item,
+    pub policy: Policy,
+}
+
+/// What an add did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddOutcome {
+    Added,
+    Duplicate,
+}
+
+/// The result of one add.
+#[derive(Clone, Debug)]
+pub struct AddResult {
+    pub outcome: AddOutcome,
+    /// Size of the open group after the add; 0 when it flushed.
+    pub group_size: u32,
+    /// The batch this add completed.
+    pub flushed: Option<Batch>,
+}
+
+/// The results of a set of adds, and the deadlines the adds opened.
+#[derive(Debug, Default)]
+pub struct AddReport {
+    /// One per item, in request order.
+    pub results: Vec<AddResult>,
+    /// Per shard that had a group opened: the earliest due time opened (ms).
+    pub opened: Vec<(u16, u64)>,
+}
+
+/// What one sweep step saw in a shard.
+#[derive(Debug)]
+pub struct DueScan {
+    /// Redis's clock at the scan (ms).
+    pub now_ms: u64,
+    /// The earliest due time of a group not yet due.
+    pub next_due_ms: Option<u64>,
+    /// Keys of the groups that are due, soonest first.
+    pub keys: Vec<String>,
+}
+
+/// A position in the list of open groups: (due time, key).
+pub type GroupPos = (u64, String);
+
+/// The Redis-backed state of batcher.
+#[derive(Clone)]
+pub struct Store {
+    /// Multiplexed and self-reconnecting; shared by every request. Never used
+    /// for blocking reads, which would stall every other caller.
+    conn: ConnectionManager,
+    /// Kept to open dedicated connections for blocking stream reads.
+    client: redis::Client,
+    keys: Keyspace,
+    dedup_ms: u64,
+}
+
+/// Timeouts of the command connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub response: Duration,
+}
+
+impl Store {
+    /// A store over the Redis at `url`. Connects lazily, so the service starts
+    /// (and answers UNAVAILABLE) while Redis is down.
+    pub fn open(
+        url: &str,
+        keys: Keyspace,
+        dedup_window: Duration,
+        timeouts: Timeouts,
+    ) -> Result<Store> {
+        let client = redis::Client::open(url)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.response))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        Ok(Store {
+            conn,
+            client,
+            keys,
+            dedup_ms: dedup_window.as_millis() as u64,
+        })
+    }
+
+    /// The key layout.
+    pub fn keyspace(&self) -> &Keyspace {
+        &self.keys
+    }
+
+    /// The client, for dedicated connections.
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    /// Checks that Redis answers.
+    pub async fn ping(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+
+    async fn run_script(
+        &self,
+        script: &redis::Script,
+        keys: &[&str],
+        args: Vec<Vec<u8>>,
+    ) -> Result<Value> {
+        debug_assert_one_slot(keys);
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let mut conn = self.conn.clone();
+        Ok(invocation.invoke_async(&mut conn).await?)
+    }
+
+    /// Adds items, atomically per shard, in request order. A group that
+    /// reaches its threshold is flushed by the add that completes it.
+    pub async fn add(&self, items: &[NewItem]) -> Result<AddReport> {
+        // Group the request per shard, keeping each shard's items in order.
+        let mut per_shard: HashMap<u16, Vec<usize>> = HashMap::new();
+        for (index, item) in items.iter().enumerate() {
+            per_shard
+                .entry(self.keys.shard_of(&item.key))
+                .or_default()
+                .push(index);
+        }
+        let calls = per_shard
+            .into_iter()
+            .map(|(shard, indexes)| self.add_in_shard(shard, items, indexes));
+        let replies = try_join_all(calls).await?;
+
+        let mut results: Vec<Option<AddResult>> = vec![None; items.len()];
+        let mut opened = Vec::new();
+        for (shard, indexes, earliest, shard_results) in replies {
+            if let Some(due) = earliest {
+                opened.push((shard, due));
+            }
+            for (index, result) in indexes.into_iter().zip(shard_results) {
+                results[index] = Some(result);
+            }
+        }
+        let results = results
+            .into_iter()
+            .map(|r| r.ok_or_else(|| DecodeError("add_items returned too few results".into())))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(AddReport { results, opened })
+    }
+
+    async fn add_in_shard(
+        &self,
+        shard: u16,
+        items: &[NewItem],
+        indexes: Vec<usize>,
+    ) -> Result<(u16, Vec<usize>, Option<u64>, Vec<AddResult>)> {
+        let shard_keys = self.keys.shard(shard);
+        let mut group_of: HashMap<&str, usize> = HashMap::new();
+        let mut group_keys: Vec<String> = Vec::new();
+        let mut group_args: Vec<Vec<u8>> = Vec::new();
+        let mut item_args: Vec<Vec<u8>> = Vec::with_capacity(indexes.len() * 3);
+        for &index in &indexes {
+            let item = &items[index];
+            let next = group_of.len() + 1;
+            let group = *group_of.entry(item.key.as_str()).or_insert_with(|| {
+                group_keys.push(self.keys.group(shard, &item.key));
+                group_args.push(item.key.as_bytes().to_vec());
+                group_args.push(item.policy.max_items.to_string().into_bytes());
+                group_args.push(
+                    (item.policy.max_wait.as_millis() as u64)
+                        .to_string()
+                        .into_bytes(),
+                );
+                group_args.push(item.policy.max_bytes.unwrap_or(0).to_string().into_bytes());
+                next
+            });
+            item_args.push(group.to_string().into_bytes());
+            item_args.push(item.item.id.clone());
+            item_args.push(item.item.payload.clone());
+        }
+        let mut keys: Vec<&str> = vec![&shard_keys.due, &shard_keys.stream, &shard_keys.flushed];
+        keys.extend(group_keys.iter().map(String::as_str));
+        let mut args = Vec::with_capacity(2 + group_args.len() + item_args.len());
+        args.push(self.dedup_ms.to_string().into_bytes());
+        args.push(group_keys.len().to_string().into_bytes());
+        args.extend(group_args);
+        args.extend(item_args);
+
+        let reply = self.run_script(&scripts::ADD_ITEMS, &keys, args).await?;
+        let [earliest, per_item] = take_array::<2>(reply, "add_items")?;
+        let earliest = int(&earliest)?;
+        let per_item = array(per_item)?;
+        if per_item.len() != indexes.len() {
+            return Err(DecodeError("add_items result count".into()).into());
+        }
+        let mut results = Vec::with_capacity(per_item.len());
+        for (value, &index) in per_item.into_iter().zip(&indexes) {
+            let [outcome, size, batch] = take_array::<3>(value, "add_items result")?;
+            let outcome = match int(&outcome)? {
+                1 => AddOutcome::Added,
+                2 => AddOutcome::Duplicate,
+                other => return Err(DecodeError(format!("add outcome {other}")).into()),
+            };
+            let flushed = match batch {
+                Value::Nil => None,
+                value => Some(batch_from_script(shard, &items[index].key, value)?),
+            };
+            results.push(AddResult {
+                outcome,
+                group_size: int(&size)? as u32,
+                flushed,
+            });
+        }
+        let earliest = (earliest > 0).then_some(earliest as u64);
+        Ok((shard, indexes, earliest, results))
+    }
+
+    /// Removes an item from its open group. Returns whether it was there, and
+    /// the group's size after.
+    pub async fn remove(&self, key: &str, id: &[u8]) -> Result<(bool, u32)> {
+        let shard = self.keys.shard_of(key);
+        let shard_keys = self.keys.shard(shard);
+        let group = self.keys.group(shard, key);
+        let reply = self
+            .run_script(
+                &scripts::REMOVE_ITEM,
+                &[&shard_keys.due, &group],
+                vec![key.as_bytes().to_vec(), id.to_vec()],
+            )
+            .await?;
+        let [removed, size] = take_array::<2>(reply, "remove_item")?;
+        Ok((int(&removed)? == 1, int(&size)? as u32))
+    }
+
+    /// Flushes a key's open group. With `Timeout`, only if it is due by the
+    /// Redis clock. Returns the batch, if one was written.
+    pub async fn flush(&self, key: &str, reason: FlushReason) -> Result<Option<Batch>> {
+        let shard = self.keys.shard_of(key);
+        self.flush_in_shard(shard, key, reason).await
+    }
+
+    async fn flush_in_shard(
+        &self,
+        shard: u16,
+        key: &str,
+        reason: FlushReason,
+    ) -> Result<Option<Batch>> {
+        let shard_keys = self.keys.shard(shard);
+        let group = self.keys.group(shard, key);
+        let reply = self
+            .run_script(
+                &scripts::FLUSH_GROUP,
+                &[
+                    &shard_keys.due,
+                    &shard_keys.stream,
+                    &shard_keys.flushed,
+                    &group,
+                ],
+                vec![
+                    key.as_bytes().to_vec(),
+                    reason.as_str().as_bytes().to_vec(),
+                    self.dedup_ms.to_string().into_bytes(),
+                ],
+            )
+            .await?;
+        match reply {
+            Value::Nil => Ok(None),
+            value => Ok(Some(batch_from_script(shard, key, value)?)),
+        }
+    }
+
+    /// Reads which groups of a shard are due (at most `limit`), and when the
+    /// next one falls due.
+    pub async fn due_groups(&self, shard: u16, limit: usize) -> Result<DueScan> {
+        let shard_keys = self.keys.shard(shard);
+        let reply = self
+            .run_script(
+                &scripts::DUE_GROUPS,
+                &[&shard_keys.due],
+                vec![limit.to_string().into_bytes()],
+            )
+            .await?;
+        let mut values = array(reply)?.into_iter();
+        let now_ms = values.next().map(|v| int(&v)).transpose()?.unwrap_or(0) as u64;
+        let next = values.next().map(|v| int(&v)).transpose()?.unwrap_or(-1);
+        let keys = values
+            .map(|v| string(v))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(DueScan {
+            now_ms,
+            next_due_ms: (next >= 0).then_some(next as u64),
+            keys,
+        })
+    }
+
+    /// Flushes, by timeout, those of the given groups of one shard that are
+    /// still due. The calls are pipelined.
+    pub async fn flush_due(&self, shard: u16, keys: &[String]) -> Result<Vec<Batch>> {
+        let calls = keys
+            .iter()
+            .map(|key| self.flush_in_shard(shard, key, FlushReason::Timeout));
+        Ok(try_join_all(calls).await?.into_iter().flatten().collect())
+    }
+
+    /// Reads a key's open group, with its items in arrival order.
+    pub async fn group(&self, key: &str) -> Result<Option<Group>> {
+        let shard = self.keys.shard_of(key);
+        let mut conn = self.conn.clone();
+        let flat: Vec<Vec<u8>> = redis::cmd("HGETALL")
+            .arg(self.keys.group(shard, key))
+            .query_async(&mut conn)
+            .await?;
+        if flat.is_empty() {
+            return Ok(None);
+        }
+        let mut meta: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut items: Vec<(u64, Item)> = Vec::new();
+        let mut pairs = flat.into_iter();
+        while let (Some(field), Some(value)) = (pairs.next(), pairs.next()) {
+            if let Some(id) = field.strip_prefix(b":") {
+                let comma = value
+                    .iter()
+                    .position(|b| *b == b',')
+                    .ok_or_else(|| DecodeError("group item without sequence".into()))?;
+                let seq = parse_u64(&value[..comma])?;
+                items.push((
+                    seq,
+                    Item {
+                        id: id.to_vec(),
+                        payload: value[comma + 1..].to_vec(),
+                    },
+                ));
+            } else {
+                meta.insert(field, value);
+            }
+        }
+        items.sort_by_key(|(seq, _)| *seq);
+        let field = |name: &[u8]| -> std::result::Result<u64, DecodeError> {
+            meta.get(name)
+                .map(|v| parse_u64(v))
+                .unwrap_or_else(|| Err(DecodeError("group without metadata".into())))
+        };
+        Ok(Some(Group {
+            key: key.to_owned(),
+            size: field(b"n")? as u32,
+            bytes: field(b"b")?,
+            opened_at_ms: field(b"o")?,
+            due_at_ms: field(b"d")?,
+            items: items.into_iter().map(|(_, item)| item).collect(),
+        }))
+    }
+
+    /// Lists open groups soonest-due first, after `after`, whose key starts
+    /// with `prefix`. Returns the page and the position to continue from, if
+    /// there may be more. Scans a bounded number of entries per shard, so a
+    /// rare prefix can yield a short (even empty) page with a continuation.
+    pub async fn list_groups(
+        &self,
+        limit: usize,
+        after: Option<&GroupPos>,
+        prefix: &str,
+    ) -> Result<(Vec<Group>, Option<GroupPos>)> {
+        const SCAN_BUDGET: usize = 4096;
+        let scans = (0..self.keys.shards())
+            .map(|shard| self.scan_due(shard, limit, after, prefix, SCAN_BUDGET));
+        let scans = try_join_all(scans).await?;
+
+        // A shard that ran out of budget was read only up to its last position:
+        // the page must stop there too, or it would skip that shard's rest.
+        let cut = scans
+            .iter()
+            .filter_map(|(_, stopped)| stopped.clone())
+            .min();
+        let mut candidates: Vec<(u64, String, u16)> = scans
+            .into_iter()
+            .enumerate()
+            .flat_map(|(shard, (found, _))| {
+                found
+                    .into_iter()
+                    .map(move |(due, key)| (due, key, shard as u16))
+            })
+            .filter(|(due, key, _)| cut.as_ref().is_none_or(|c| (*due, key) <= (c.0, &c.1)))
+            .collect();
+        candidates.sort();
+        let full = candidates.len() > limit;
+        candidates.truncate(limit);
+
+        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        for (_, key, shard) in &candidates {
+            pipe.cmd("HMGET")
+                .arg(self.keys.group(*shard, key))
+                .arg(&["o", "d", "n", "b"]);
+        }
+        let metas: Vec<Vec<Option<u64>>> = if candidates.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query_async(&mut conn).await?
+        };
+        let mut groups = Vec::with_capacity(candidates.len());
+        for ((due, key, _), meta) in candidates.iter().zip(metas) {
+            // A group flushed between the two reads is simply left out.
+            if let [Some(opened), Some(_), Some(size), Some(bytes)] = meta[..] {
+                groups.push(Group {
+                    key: key.clone(),
+                    size: size as u32,
+                    bytes,
+                    opened_at_ms: opened,
+                    due_at_ms: *due,
+                    items: Vec::new(),
+                });
+            }
+        }
+        let next = if full || (candidates.len() == limit && cut.is_some()) {
+            candidates.last().map(|(due, key, _)| (*due, key.clone()))
+        } else {
+            cut
+        };
+        Ok((groups, next))
+    }
+
+    /// Reads up to `limit` (due, key) entries of one shard after `after`
+    /// matching `prefix`, scanning at most `budget` entries. Also returns the
+    /// last position scanned when the budget ran out first.
+    async fn scan_due(
+        &self,
+        shard: u16,
+        limit: usize,
+        after: Option<&GroupPos>,
+        prefix: &str,
+        budget: usize,
+    ) -> Result<(Vec<GroupPos>, Option<GroupPos>)> {
+        let due_key = self.keys.shard(shard).due;
+        let mut conn = self.conn.clone();
+        let min = after.map_or("-inf".to_owned(), |(due, _)| due.to_string());
+        let page = 256.min(budget);
+        let mut found = Vec::new();
+        let mut scanned = 0;
+        let mut last: Option<GroupPos> = None;
+        while found.len() <= limit {
+            let entries: Vec<(String, u64)> = redis::cmd("ZRANGE")
+                .arg(&due_key)
+                .arg(&min)
+                .arg("+inf")
+                .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(scanned)
+                .arg(page)
+                .arg("WITHSCORES")
+                .query_async(&mut conn)
+                .await?;
+            let exhausted = entries.len() < page;
+            scanned += entries.len();
+            for (key, due) in entries {
+                let pos = (due, key);
+                if after.is_some_and(|a| pos <= *a) {
+                    continue;
+                }
+                if pos.1.starts_with(prefix) {
+                    found.push(pos.clone());
+                }
+                last = Some(pos);
+            }
+            if exhausted {
+                return Ok((found, None));
+            }
+            if scanned >= budget {
+                return Ok((found, last));
+            }
+        }
+        Ok((found, None))
+    }
+
+    /// The last entry id of each shard's stream: the position "now".
+    pub async fn stream_heads(&self) -> Result<Vec<StreamId>> {
+        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        for shard in 0..self.keys.shards() {
+            pipe.cmd("XREVRANGE")
+                .arg(self.keys.shard(shard).stream)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1);
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        replies
+            .into_iter()
+            .map(|reply| {
+                let entries = array(reply)?;
+                match entries.into_iter().next() {
+                    None => Ok(StreamId::ZERO),
+                    Some(entry) => {
+                        let [id, _] = take_array::<2>(entry, "stream entry")?;
+                        Ok(string(id)?.parse()?)
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Reads up to `count` batches of a shard's stream after `after`.
+    pub async fn read_batches(
+        &self,
+        shard: u16,
+        after: StreamId,
+        count: usize,
+    ) -> Result<Vec<Batch>> {
+        let mut conn = self.conn.clone();
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(self.keys.shard(shard).stream)
+            .arg(format!("({after}"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut conn)
+            .await?;
+        Ok(batches_from_entries(shard, reply)?)
+    }
+
+    /// Trims a shard's stream of entries older than `min` (approximately,
+    /// which lets Redis drop whole nodes cheaply).
+    pub async fn trim_before(&self, shard: u16, min: StreamId) -> Result<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("XTRIM")
+            .arg(self.keys.shard(shard).stream)
+            .arg("MINID")
+            .arg("~")
+            .arg(min.to_string())
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Decodes the entries of an XRANGE or XREAD reply into batches.
+pub fn batches_from_entries(
+    shard: u16,
+    reply: Value,
+) -> std::result::Result<Vec<Batch>, DecodeError> {
+    let entries = array(reply)?;
+    let mut batches = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let [id, fields] = take_array::<2>(entry, "stream entry")?;
+        let stream_id: StreamId = string(id)?.parse()?;
+        let mut key = None;
+        let mut reason = None;
+        let (mut opened, mut flushed, mut count, mut blob) = (None, None, None, None);
+        let mut fields = array(fields)?.into_iter();
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            match bytes(name)?.as_slice() {
+                b"key" => key = Some(string(value)?),
+                b"reason" => reason = Some(string(value)?.parse::<FlushReason>()?),
+                b"opened" => opened = Some(int(&value)? as u64),
+                b"flushed" => flushed = Some(int(&value)? as u64),
+                b"n" => count = Some(int(&value)? as usize),
+                b"items" => blob = Some(bytes(value)?),
+                _ => {}
+            }
+        }
+        let missing = || DecodeError(format!("stream entry {stream_id} lacks a field"));
+        batches.push(Batch {
+            shard,
+            stream_id,
+            key: key.ok_or_else(missing)?,
+            items: decode_items(&blob.ok_or_else(missing)?, count.ok_or_else(missing)?)?,
+            reason: reason.ok_or_else(missing)?,
+            opened_at_ms: opened.ok_or_else(missing)?,
+            flushed_at_ms: flushed.ok_or_else(missing)?,
+        });
+    }
+    Ok(batches)
+}
+
+/// Decodes a batch as the scripts return it: {stream_id, reason, opened, flushed, n, items}.
+fn batch_from_script(
+    shard: u16,
+    key: &str,
+    value: Value,
+) -> std::result::Result<Batch, DecodeError> {
+    let [id, reason, opened, flushed, count, blob] = take_array::<6>(value, "batch")?;
+    Ok(Batch {
+        shard,
+        stream_id: string(id)?.parse()?,
+        key: key.to_owned(),
+        reason: string(reason)?.parse()?,
+        opened_at_ms: int(&opened)? as u64,
+        flushed_at_ms: int(&flushed)? as u64,
+        items: decode_items(&bytes(blob)?, int(&count)? as usize)?,
+    })
+}
+
+fn array(value: Value) -> std::result::Result<Vec<Value>, DecodeError> {
+    match value {
+        Value::Array(values) => Ok(values),
+        Value::Nil => Ok(Vec::new()),
+        other => Err(DecodeError(format!("expected an array, got {other:?}"))),
+    }
+}
+
+fn take_array<const N: usize>(
+    value: Value,
+    what: &str,
+) -> std::result::Result<[Value; N], DecodeError> {
+    array(value)?.try_into().map_err(|v: Vec<Value>| {
+        DecodeError(format!("{what}: expected {N} values, got {}", v.len()))
+    })
+}
+
+fn bytes(value: Value) -> std::result::Result<Vec<u8>, DecodeError> {
+    match value {
+        Value::BulkString(b) => Ok(b),
+        Value::SimpleString(s) => Ok(s.into_bytes()),
+        other => Err(DecodeError(format!("expected a string, got {other:?}"))),
+    }
+}
+
+fn string(value: Value) -> std::result::Result<String, DecodeError> {
+    String::from_utf8(bytes(value)?).map_err(|_| DecodeError("expected UTF-8".into()))
+}
+
+fn int(value: &Value) -> std::result::Result<i64, DecodeError> {
+    match value {
+        Value::Int(i) => Ok(*i),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| DecodeError(format!("expected an integer, got {b:?}"))),
+        other => Err(DecodeError(format!("expected an integer, got {other:?}"))),
+    }
+}
+
+fn parse_u64(b: &[u8]) -> std::result::Result<u64, DecodeError> {
+    std::str::from_utf8(b)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| DecodeError(format!("expected a number, got {b:?}")))
+}

@@ -1,0 +1,154 @@
+//! The sweeper: flushes groups whose wait window has passed.
+//!
+//! Every instance sweeps every shard, one task per shard. A task sleeps until
+//! the earliest due time it knows of: the one the due-groups script returns,
+//! or an earlier one that a local add just opened (the add wakes it). It never
+//! sleeps longer than `max_sleep`, so it also finds groups that other
+//! instances opened. Pub/sub is not used. Racing sweepers are harmless: the
+//! flush script re-checks that a group is due, so each group yields one batch.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::batch::StreamId;
+use crate::config::SweeperConfig;
+use crate::store::Store;
+
+/// How often each shard's stream is trimmed to the retention window.
+const TRIM_EVERY_MS: u64 = 60_000;
+
+/// Wakes the shard sweepers when a local add opens an earlier deadline.
+#[derive(Clone)]
+pub struct SweeperHandle {
+    shards: Arc<[ShardWake]>,
+}
+
+struct ShardWake {
+    /// The Redis-clock time (ms) at which the sweeper will next look;
+    /// `u64::MAX` while it is scanning, so every add that lands during a scan
+    /// wakes it again and none is missed.
+    planned: AtomicU64,
+    /// Stores a permit when nobody waits, so a wake-up is never lost.
+    notify: Notify,
+}
+
+impl SweeperHandle {
+    /// Tells the sweeper of `shard` that a group due at `due_ms` was opened.
+    pub fn opened(&self, shard: u16, due_ms: u64) {
+        if let Some(wake) = self.shards.get(usize::from(shard))
+            && due_ms < wake.planned.load(Ordering::Acquire)
+        {
+            wake.notify.notify_one();
+        }
+    }
+}
+
+/// Starts one sweeper task per shard on `tracker`; they end on `shutdown`.
+pub fn spawn(
+    store: Store,
+    config: SweeperConfig,
+    retention: Duration,
+    tracker: &TaskTracker,
+    shutdown: CancellationToken,
+) -> SweeperHandle {
+    let shards: Arc<[ShardWake]> = (0..store.keyspace().shards())
+        .map(|_| ShardWake {
+            planned: AtomicU64::new(u64::MAX),
+            notify: Notify::new(),
+        })
+        .collect();
+    let handle = SweeperHandle { shards };
+    for shard in 0..store.keyspace().shards() {
+        let sweeper = ShardSweeper {
+            shard,
+            store: store.clone(),
+            config: config.clone(),
+            retention_ms: retention.as_millis() as u64,
+            handle: handle.clone(),
+        };
+        tracker.spawn(sweeper.run(shutdown.clone()));
+    }
+    handle
+}
+
+struct ShardSweeper {
+    shard: u16,
+    store: Store,
+    config: SweeperConfig,
+    retention_ms: u64,
+    handle: SweeperHandle,
+}
+
+impl ShardSweeper {
+    async fn run(self, shutdown: CancellationToken) {
+        let wake = &self.handle.shards[usize::from(self.shard)];
+        let max_sleep_ms = self.config.max_sleep.as_millis() as u64;
+        let mut failures: u32 = 0;
+        let mut last_trim_ms = 0;
+        while !shutdown.is_cancelled() {
+            wake.planned.store(u64::MAX, Ordering::Release);
+            let scan = match self.store.due_groups(self.shard, self.config.batch).await {
+                Ok(scan) => scan,
+                Err(err) => {
+                    failures += 1;
+                    if failures == 1 || failures.is_multiple_of(50) {
+                        tracing::warn!(shard = self.shard, failures, %err, "sweep failed; retrying");
+                    }
+                    let backoff = Duration::from_millis(50 * u64::from(failures.min(20)));
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(backoff.min(self.config.max_sleep)) => continue,
+                    }
+                }
+            };
+            if failures > 0 {
+                tracing::info!(shard = self.shard, "sweeper reconnected to redis");
+                failures = 0;
+            }
+            if scan.now_ms.saturating_sub(last_trim_ms) >= TRIM_EVERY_MS {
+                last_trim_ms = scan.now_ms;
+                let min = StreamId {
+                    ms: scan.now_ms.saturating_sub(self.retention_ms),
+                    seq: 0,
+                };
+                if let Err(err) = self.store.trim_before(self.shard, min).await {
+                    tracing::warn!(shard = self.shard, %err, "stream trim failed");
+                }
+            }
+            if !scan.keys.is_empty() {
+                match self.store.flush_due(self.shard, &scan.keys).await {
+                    Ok(batches) => {
+                        tracing::debug!(
+                            shard = self.shard,
+                            count = batches.len(),
+                            "flushed by timeout"
+                        )
+                    }
+                    Err(err) => {
+                        tracing::warn!(shard = self.shard, %err, "timeout flush failed; retrying");
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        }
+                    }
+                }
+                // Look again at once: more may be due, and the next due time moved.
+                continue;
+            }
+            let horizon = scan.now_ms + max_sleep_ms;
+            let wake_at = scan.next_due_ms.map_or(horizon, |due| due.min(horizon));
+            wake.planned.store(wake_at, Ordering::Release);
+            let sleep = Duration::from_millis(wake_at.saturating_sub(scan.now_ms));
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = wake.notify.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Test support: real Redis servers (see `redis`), the service in-process or
+//! as a child process, and waiting for events with deadlines.
+#![allow(dead_code)]
+
+pub mod redis;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use batcher::batch::{Batch, StreamId};
+use batcher::config::Config;
+use batcher::keys::Keyspace;
+use batcher::pb;
+use batcher::pb::batcher_client::BatcherClient;
+use batcher::store::{Store, Timeouts};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+pub use self::redis::RedisServer;
+
+/// A deadline long enough for a loaded CI machine, short enough to fail fast.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A config for tests against `url`, plus extra TOML (tables only).
+pub fn config(url: &str, extra: &str) -> Config {
+    let text = format!("[redis]\nurl = \"{url}\"\nshards = 4\n{extra}\n");
+    Config::parse(&text, "test.toml").unwrap_or_else(|e| panic!("test config: {e}"))
+}
+
+/// The service running in this process on a free port.
+pub struct Service {
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+    handle: tokio::task::JoinHandle<Result<(), batcher::server::ServerError>>,
+}
+
+impl Service {
+    /// Starts the service with `config` on 127.0.0.1:0.
+    pub async fn start(config: Config) -> Service {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(batcher::server::run(
+            listener,
+            config,
+            None,
+            shutdown.clone(),
+        ));
+        Service {
+            addr,
+            shutdown,
+            handle,
+        }
+    }
+
+    /// A connected client.
+    pub async fn client(&self) -> BatcherClient<Channel> {
+        client(self.addr).await
+    }
+
+    /// Stops the service and checks that it shut down cleanly, in time.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let result = tokio::time::timeout(DEADLINE, self.handle)
+            .await
+            .expect("service did not stop within the deadline")
+            .expect("service task panicked");
+        result.expect("service returned an error");
+    }
+}
+
+/// A client connected to `addr`, retrying until the server listens.
+pub async fn client(addr: SocketAddr) -> BatcherClient<Channel> {
+    let url = format!("http://{addr}");
+    eventually("the service to accept connections", || {
+        let url = url.clone();
+        async move { BatcherClient::connect(url).await.ok() }
+    })
+    .await
+}
+
+/// Polls `probe` until it returns Some, or panics after DEADLINE.
+pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Builds an AddRequest.
+pub fn add(key: &str, id: &str, payload: &[u8]) -> pb::AddRequest {
+    pb::AddRequest {
+        key: key.into(),
+        item: Some(pb::Item {
+            id: id.as_bytes().to_vec(),
+            payload: payload.to_vec(),
+        }),
+    }
+}
+
+/// Receives the next batch from a subscription, or panics after DEADLINE.
+pub async fn next_batch(stream: &mut tonic::Streaming<pb::Batch>) -> pb::Batch {
+    tokio::time::timeout(DEADLINE, stream.message())
+        .await
+        .expect("no batch arrived within the deadline")
+        .expect("subscription failed")
+        .expect("subscription ended")
+}
+
+/// A store over the same Redis as `config`, for reading state directly.
+pub fn store(config: &Config) -> Store {
+    Store::open(
+        config.redis.url.as_deref().expect("test config has a url"),
+        Keyspace::new(&config.redis.prefix, config.redis.shards),
+        config.dedup.window,
+        Timeouts {
+            connect: Duration::from_secs(2),
+            response: Duration::from_secs(5),
+        },
+    )
+    .expect("store")
+}
+
+/// Every batch retained in every shard stream, in stream order per shard.
+pub async fn all_batches(store: &Store) -> Vec<Batch> {
+    let mut out = Vec::new();
+    for shard in 0..store.keyspace().shards() {
+        let mut after = StreamId::ZERO;
+        loop {
+            let page = store
+                .read_batches(shard, after, 1000)
+                .await
+                .expect("read stream");
+            let Some(last) = page.last() else { break };
+            after = last.stream_id;
+            out.extend(page);
+        }
+    }
+    out
+}
+
+/// How many batches hold each (key, item id), over all retained batches.
+pub fn placements(batches: &[Batch]) -> HashMap<(String, Vec<u8>), usize> {
+    let mut seen = HashMap::new();
+    for batch in batches {
+        for item in &batch.items {
+            *seen
+                .entry((batch.key.clone(), item.id.clone()))
+                .or_insert(0) += 1;
+        }
+    }
+    seen
+}
+
+/// The `batcher` binary as a child process.
+pub struct Process {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl Process {
+    /// Starts `batcher serve --config <path>` on a free port and waits until it
+    /// accepts gRPC connections.
+    pub async fn start(config_path: &Path, log_dir: &Path) -> Process {
+        let addr = free_addr();
+        let log = log_dir.join(format!("batcher-{}.log", addr.port()));
+        let out = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_batcher"))
+            .args(["serve", "--config"])
+            .arg(config_path)
+            .arg("--listen")
+            .arg(addr.to_string())
+            .env("RUST_LOG", "info")
+            .stdout(out.try_clone().expect("log file"))
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn batcher");
+        let process = Process { child, addr, log };
+        client(addr).await;
+        process
+    }
+
+    /// Sends a signal to the process.
+    pub fn signal(&self, signal: i32) {
+        let rc = unsafe { libc::kill(self.child.id() as i32, signal) };
+        assert_eq!(rc, 0, "kill({signal}) failed");
+    }
+
+    /// SIGKILLs the process and reaps it.
+    pub fn kill(&mut self) {
+        self.signal(libc::SIGKILL);
+        self.child.wait().expect("wait");
+    }
+
+    /// The process's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_addr() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("local addr")
+}
