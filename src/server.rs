@@ -131,14 +131,25 @@ async fn serve(
             tasks.cancel();
         }
     };
-    let served = tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(BatcherServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-            stop_streams.await;
-        })
-        .await;
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop_streams);
+    // Graceful shutdown waits for clients to hang up; one that never does
+    // must not hold the process past the grace period.
+    let grace = config.shutdown_grace;
+    let deadline = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    let served = tokio::select! {
+        served = server => served,
+        _ = deadline => {
+            tracing::warn!(?grace, "clients still connected after the grace period; closing them");
+            Ok(())
+        }
+    };
 
     tasks.cancel();
     tracker.close();

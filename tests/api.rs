@@ -3,8 +3,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use batcher::pb;
 use support::{RedisServer, Service, add, all_batches, config, store};
 use tonic::Code;
@@ -260,6 +258,19 @@ async fn remove_takes_items_out() {
     let (_redis, service, mut client) = setup().await;
     client.add(add("north", "a", b"12")).await.unwrap();
     client.add(add("north", "b", b"345")).await.unwrap();
+    client.add(add("north", "empty", b"")).await.unwrap();
+    let removed = client
+        .remove(pb::RemoveRequest {
+            key: "north".into(),
+            item_id: b"empty".to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        removed.removed,
+        "an item with an empty payload can be removed"
+    );
     let removed = client
         .remove(pb::RemoveRequest {
             key: "north".into(),

@@ -89,8 +89,9 @@ local function flush_group(due_key, stream_key, flushed_key, gkey, key, reason, 
     redis.call('ZREM', due_key, key)
   else
     chunked('HDEL', gkey, fields)
-    redis.call('HINCRBY', gkey, 'n', -count)
-    redis.call('HINCRBY', gkey, 'b', -bytes)
+    redis.call('HINCRBY', gkey, 'n', 0 - count)
+    -- 0 - x, not -x: Lua formats -0 as "-0", which HINCRBY refuses.
+    redis.call('HINCRBY', gkey, 'b', 0 - bytes)
   end
   return { stream_id, reason, meta.o, now, count, blob }, total - count
 end

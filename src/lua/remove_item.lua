@@ -15,7 +15,8 @@ end
 local comma = string.find(v, ',', 1, true)
 redis.call('HDEL', gkey, ':' .. id)
 local size = redis.call('HINCRBY', gkey, 'n', -1)
-redis.call('HINCRBY', gkey, 'b', -(#v - comma))
+-- 0 - x, not -x: Lua formats -0 as "-0", which HINCRBY refuses.
+redis.call('HINCRBY', gkey, 'b', 0 - (#v - comma))
 if size <= 0 then
   redis.call('DEL', gkey)
   redis.call('ZREM', due_key, key)

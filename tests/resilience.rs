@@ -1,0 +1,443 @@
+//! Failures and concurrency against a real Redis: Redis going away, two
+//! instances racing, a service SIGKILLed mid-load, config reloads, and the
+//! embedded redis-server.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use batcher::pb;
+use batcher::pb::batcher_client::BatcherClient;
+use rand::{Rng, SeedableRng};
+use support::{
+    Process, RedisServer, Service, add, all_batches, config, eventually, next_batch, placements,
+    store,
+};
+use tonic::Code;
+use tonic::transport::Channel;
+
+async fn open_groups(client: &mut BatcherClient<Channel>) -> usize {
+    client
+        .list_groups(pb::ListGroupsRequest {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().groups.len())
+        .unwrap_or(usize::MAX)
+}
+
+/// With Redis down calls fail fast with UNAVAILABLE; when it returns the
+/// service works again by itself and the sweeper flushes what fell due.
+#[tokio::test]
+async fn redis_outage_is_unavailable_then_recovers() {
+    let mut redis = RedisServer::start();
+    let extra = r#"
+[defaults]
+max_items = 100
+max_wait = "500ms"
+"#;
+    let service = Service::start(config(&redis.url(), extra)).await;
+    let mut client = service.client().await;
+    client.add(add("k", "before", b"")).await.unwrap();
+    redis.stop();
+
+    let started = Instant::now();
+    let status = client.add(add("k", "during", b"")).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    let status = client
+        .get_group(pb::GetGroupRequest { key: "k".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+
+    // The group fell due while Redis was down.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    redis.restart();
+    let batch = eventually("the overdue group to be flushed", || {
+        let store = store(&config(&redis.url(), extra));
+        async move { all_batches(&store).await.into_iter().next() }
+    })
+    .await;
+    assert_eq!(batch.items.len(), 1);
+    assert_eq!(batch.items[0].id, b"before");
+    eventually("adds to work again", || {
+        let mut client = client.clone();
+        async move { client.add(add("k2", "after", b"")).await.ok() }
+    })
+    .await;
+    service.stop().await;
+}
+
+/// Many tasks add to the same keys through two instances sharing one Redis,
+/// with retries, while both sweep: every accepted item lands in exactly one
+/// batch and no batch exceeds max_items.
+#[tokio::test]
+async fn concurrent_adds_through_two_instances() {
+    let redis = RedisServer::start();
+    let extra = r#"
+[defaults]
+max_items = 7
+max_wait = "150ms"
+[sweeper]
+max_sleep = "50ms"
+"#;
+    let cfg = config(&redis.url(), extra);
+    let a = Service::start(cfg.clone()).await;
+    let b = Service::start(cfg.clone()).await;
+    let accepted: Arc<Mutex<HashMap<(String, Vec<u8>), usize>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for task in 0..16 {
+        let mut client = if task % 2 == 0 {
+            a.client().await
+        } else {
+            b.client().await
+        };
+        let accepted = accepted.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(task);
+            for i in 0..150 {
+                let key = format!("area-{}", rng.random_range(0..6));
+                // Ids are shared between tasks, so the same item is added
+                // concurrently by several callers, as retries would be.
+                let id = format!("parcel-{}", rng.random_range(0..600));
+                let req = if i % 10 == 0 {
+                    let items = (0..5)
+                        .map(|j| add(&key, &format!("{id}-{j}"), b"x"))
+                        .collect();
+                    client
+                        .add_many(pb::AddManyRequest { items })
+                        .await
+                        .unwrap()
+                        .into_inner()
+                        .results
+                } else {
+                    vec![client.add(add(&key, &id, b"x")).await.unwrap().into_inner()]
+                };
+                let ids: Vec<String> = if i % 10 == 0 {
+                    (0..5).map(|j| format!("{id}-{j}")).collect()
+                } else {
+                    vec![id]
+                };
+                for (resp, id) in req.into_iter().zip(ids) {
+                    if resp.outcome == pb::AddOutcome::Added as i32 {
+                        *accepted
+                            .lock()
+                            .unwrap()
+                            .entry((key.clone(), id.into_bytes()))
+                            .or_insert(0) += 1;
+                    }
+                    if let Some(batch) = resp.flushed {
+                        assert!(batch.items.len() <= 7);
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut client = a.client().await;
+    eventually("every group to flush", || {
+        let mut client = client.clone();
+        async move { (open_groups(&mut client).await == 0).then_some(()) }
+    })
+    .await;
+    let batches = all_batches(&store(&cfg)).await;
+    assert!(
+        batches
+            .iter()
+            .all(|batch| batch.items.len() <= 7 && !batch.items.is_empty())
+    );
+    let placed = placements(&batches);
+    let accepted = accepted.lock().unwrap().clone();
+    // An item may be added again after its dedup window... which is 10 minutes here.
+    for (item, count) in &accepted {
+        assert_eq!(*count, 1, "item {item:?} was accepted {count} times");
+        assert_eq!(
+            placed.get(item),
+            Some(&1),
+            "item {item:?} is in {:?} batches",
+            placed.get(item)
+        );
+    }
+    assert_eq!(
+        placed.len(),
+        accepted.len(),
+        "a batch holds an item that was never accepted"
+    );
+    assert!(
+        batches
+            .iter()
+            .any(|b| b.reason == batcher::batch::FlushReason::Timeout)
+    );
+    assert!(
+        batches
+            .iter()
+            .any(|b| b.reason == batcher::batch::FlushReason::Size)
+    );
+    let _ = client
+        .get_group(pb::GetGroupRequest { key: "x".into() })
+        .await
+        .unwrap();
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A service SIGKILLed mid-load loses nothing: after a restart, with the
+/// unanswered adds retried, every accepted item is in exactly one batch and
+/// the open groups still flush on time.
+#[tokio::test]
+async fn sigkill_mid_load_loses_nothing() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("batcher.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[redis]\nurl = \"{}\"\nshards = 4\n[defaults]\nmax_items = 9\nmax_wait = \"1s\"\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let mut first = Process::start(&path, dir.path()).await;
+    let accepted: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let unanswered: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let mut load = Vec::new();
+    for task in 0..8 {
+        let mut client = support::client(first.addr).await;
+        let (accepted, unanswered) = (accepted.clone(), unanswered.clone());
+        load.push(tokio::spawn(async move {
+            for i in 0.. {
+                let key = format!("zone-{}", i % 5);
+                let id = format!("t{task}-{i}");
+                match client.add(add(&key, &id, b"payload")).await {
+                    Ok(resp) => {
+                        assert_eq!(resp.into_inner().outcome, pb::AddOutcome::Added as i32);
+                        accepted.lock().unwrap().push((key, id));
+                    }
+                    Err(_) => {
+                        unanswered.lock().unwrap().push((key, id));
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    eventually("some load to be accepted", || {
+        let n = accepted.lock().unwrap().len();
+        async move { (n >= 400).then_some(()) }
+    })
+    .await;
+    first.kill();
+    for task in load {
+        task.await.unwrap();
+    }
+
+    let second = Process::start(&path, dir.path()).await;
+    let mut client = support::client(second.addr).await;
+    // The callers retry what got no answer: each lands at most once more.
+    let retries = unanswered.lock().unwrap().clone();
+    for (key, id) in &retries {
+        client.add(add(key, id, b"payload")).await.unwrap();
+    }
+    eventually("the open groups to flush by timeout", || {
+        let mut client = client.clone();
+        async move { (open_groups(&mut client).await == 0).then_some(()) }
+    })
+    .await;
+    let cfg = config(&redis.url(), "");
+    let batches = all_batches(&store(&cfg)).await;
+    let placed = placements(&batches);
+    let accepted = accepted.lock().unwrap().clone();
+    for (key, id) in accepted.iter().chain(&retries) {
+        assert_eq!(
+            placed.get(&(key.clone(), id.clone().into_bytes())),
+            Some(&1),
+            "{key}/{id}"
+        );
+    }
+    assert_eq!(placed.len(), accepted.len() + retries.len());
+    assert!(batches.iter().all(|b| b.items.len() <= 9));
+    drop(second);
+}
+
+/// SIGHUP reloads policies: max_items changes from the next add, max_wait for
+/// groups opened afterwards, and a bad file is logged and ignored.
+#[tokio::test]
+async fn sighup_reloads_policies() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("batcher.toml");
+    let write = |max_items: u32, max_wait: &str| {
+        std::fs::write(
+            &path,
+            format!(
+                "[redis]\nurl = \"{}\"\nshards = 4\n[defaults]\nmax_items = {max_items}\nmax_wait = \"{max_wait}\"\n",
+                redis.url()
+            ),
+        )
+        .unwrap();
+    };
+    write(10, "10m");
+    let process = Process::start(&path, dir.path()).await;
+    let mut client = support::client(process.addr).await;
+    let mut batches = client
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    for id in ["a", "b", "c", "d"] {
+        client.add(add("old", id, b"")).await.unwrap();
+    }
+
+    write(3, "300ms");
+    process.signal(libc::SIGHUP);
+    let probe = eventually("the reload to take effect", || {
+        let mut client = client.clone();
+        async move {
+            let group = client
+                .get_group(pb::GetGroupRequest { key: "old".into() })
+                .await
+                .unwrap()
+                .into_inner()
+                .group?;
+            (group.max_items == 3).then_some(group)
+        }
+    })
+    .await;
+    assert_eq!(
+        probe.max_wait.unwrap().seconds,
+        600,
+        "the open group keeps its wait window"
+    );
+    // The next add to the old group (now 5 items, max 3) cuts a batch of 3.
+    let resp = client.add(add("old", "e", b"")).await.unwrap().into_inner();
+    assert_eq!(resp.group_size, 2);
+    let batch = next_batch(&mut batches).await;
+    assert_eq!(batch.items.len(), 3);
+    assert_eq!(batch.reason, pb::FlushReason::Size as i32);
+    // A group opened now uses the new max_wait.
+    client.add(add("new", "a", b"")).await.unwrap();
+    let batch = next_batch(&mut batches).await;
+    assert_eq!(batch.key, "new");
+    assert_eq!(batch.reason, pb::FlushReason::Timeout as i32);
+
+    std::fs::write(&path, "[defaults]\nmax_items = 0\n").unwrap();
+    process.signal(libc::SIGHUP);
+    eventually("the bad reload to be logged", || {
+        let log = process.log();
+        async move { log.contains("config reload failed").then_some(()) }
+    })
+    .await;
+    assert!(
+        process.log().contains("max_items"),
+        "the log names the field"
+    );
+    let group = client
+        .get_group(pb::GetGroupRequest { key: "old".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .group
+        .unwrap();
+    assert_eq!(group.max_items, 3, "the old policies stay in force");
+}
+
+/// With no Redis URL the service runs its own redis-server under data_dir,
+/// keeps open groups across a restart, and stops the child cleanly.
+#[tokio::test]
+async fn embedded_redis_keeps_data_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("batcher.toml");
+    let data = dir.path().join("data");
+    std::fs::write(
+        &path,
+        format!(
+            "[redis]\ndata_dir = \"{}\"\n[defaults]\nmax_items = 5\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let mut first = Process::start(&path, dir.path()).await;
+    let mut client = support::client(first.addr).await;
+    client.add(add("k", "a", b"kept")).await.unwrap();
+    assert!(data.join("appendonlydir").is_dir());
+    drop(client);
+    first.signal(libc::SIGTERM);
+    let status = eventually("the service to exit", || {
+        let status = first.child.try_wait().unwrap();
+        async move { status }
+    })
+    .await;
+    assert!(status.success(), "clean exit: {status:?}\n{}", first.log());
+    assert!(
+        first.log().contains("embedded redis-server stopped"),
+        "{}",
+        first.log()
+    );
+
+    let second = Process::start(&path, dir.path()).await;
+    let mut client = support::client(second.addr).await;
+    let group = client
+        .get_group(pb::GetGroupRequest { key: "k".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .group
+        .expect("the open group survived the restart");
+    assert_eq!(group.items[0].payload, b"kept");
+}
+
+/// Without redis-server installed, the service exits with one line saying how
+/// to install it or how to pass a URL.
+#[tokio::test]
+async fn missing_redis_server_is_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("batcher.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[redis]\ndata_dir = \"{}\"\nredis_server = \"/nonexistent/redis-server\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_batcher"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("apt-get install redis-server"), "{stderr}");
+    assert!(stderr.contains("[redis] url"), "{stderr}");
+}
+
+/// A bad config file stops start-up with an error naming the file, table and field.
+#[tokio::test]
+async fn bad_config_names_file_table_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("batcher.toml");
+    std::fs::write(&path, "[keys.\"north\"]\nmax_items = 0\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_batcher"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("batcher.toml"), "{stderr}");
+    assert!(stderr.contains("[keys.\"north\"]"), "{stderr}");
+    assert!(stderr.contains("max_items"), "{stderr}");
+    drop(dir);
+}

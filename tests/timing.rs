@@ -1,0 +1,140 @@
+//! Timeout flushes against a real Redis: never early, on time, woken by local
+//! adds, found by other instances, and timed by the Redis clock.
+
+mod support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use batcher::pb;
+use support::{RedisServer, Service, add, config, next_batch};
+
+fn ms(ts: &prost_types::Timestamp) -> i64 {
+    ts.seconds * 1000 + i64::from(ts.nanos) / 1_000_000
+}
+
+/// A group flushes by TIMEOUT at opened + max_wait, never early, even when the
+/// sweeper's idle bound is a minute: the add that opened it woke the sweeper.
+#[tokio::test]
+async fn timeout_flush_is_on_time_and_never_early() {
+    let redis = RedisServer::start();
+    let extra = r#"
+[defaults]
+max_items = 100
+max_wait = "700ms"
+[sweeper]
+max_sleep = "60s"
+"#;
+    let service = Service::start(config(&redis.url(), extra)).await;
+    let mut client = service.client().await;
+    let mut batches = client
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    // Let the sweepers settle into their long sleep before the add.
+    client
+        .get_group(pb::GetGroupRequest { key: "k".into() })
+        .await
+        .unwrap();
+    client.add(add("k", "a", b"")).await.unwrap();
+    client.add(add("k", "b", b"")).await.unwrap();
+    let batch = next_batch(&mut batches).await;
+    assert_eq!(batch.reason, pb::FlushReason::Timeout as i32);
+    assert_eq!(batch.items.len(), 2);
+    let waited = ms(batch.flushed_at.as_ref().unwrap()) - ms(batch.opened_at.as_ref().unwrap());
+    assert!(waited >= 700, "flushed early: after {waited} ms");
+    assert!(
+        waited < 700 + 1000,
+        "flushed {waited} ms after opening, far past max_wait"
+    );
+    service.stop().await;
+}
+
+/// Groups another instance opened are flushed on time by a live instance, and a
+/// restarted service resumes the open groups.
+#[tokio::test]
+async fn another_instance_flushes_groups_it_did_not_open() {
+    let redis = RedisServer::start();
+    let extra = r#"
+[defaults]
+max_items = 100
+max_wait = "1500ms"
+[sweeper]
+max_sleep = "100ms"
+"#;
+    let first = Service::start(config(&redis.url(), extra)).await;
+    let mut client = first.client().await;
+    for key in ["a", "b", "c"] {
+        client.add(add(key, "1", b"")).await.unwrap();
+    }
+    first.stop().await;
+
+    let second = Service::start(config(&redis.url(), extra)).await;
+    let mut client = second.client().await;
+    let mut batches = client
+        .subscribe(pb::SubscribeRequest {
+            after: "0".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut keys = Vec::new();
+    for _ in 0..3 {
+        let batch = next_batch(&mut batches).await;
+        assert_eq!(batch.reason, pb::FlushReason::Timeout as i32);
+        let waited = ms(batch.flushed_at.as_ref().unwrap()) - ms(batch.opened_at.as_ref().unwrap());
+        assert!((1500..1500 + 1000).contains(&waited), "waited {waited} ms");
+        keys.push(batch.key);
+    }
+    keys.sort();
+    assert_eq!(keys, ["a", "b", "c"]);
+    second.stop().await;
+}
+
+/// Due times come from Redis's clock: with Redis an hour ahead of this host,
+/// groups open at Redis's time and still flush after max_wait, not at once and
+/// not an hour late.
+#[tokio::test]
+async fn due_times_follow_the_redis_clock() {
+    let redis = RedisServer::builder().faketime("+3600s").start();
+    let extra = r#"
+[defaults]
+max_items = 100
+max_wait = "1s"
+"#;
+    let service = Service::start(config(&redis.url(), extra)).await;
+    let mut client = service.client().await;
+    let mut batches = client
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    client.add(add("k", "a", b"")).await.unwrap();
+    let group = client
+        .get_group(pb::GetGroupRequest { key: "k".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .group
+        .unwrap();
+    let host_now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let skew = ms(group.opened_at.as_ref().unwrap()) - host_now;
+    assert!(
+        (3_500_000..3_700_000).contains(&skew),
+        "opened_at is {skew} ms off the host clock"
+    );
+    let started = std::time::Instant::now();
+    let batch = next_batch(&mut batches).await;
+    assert_eq!(batch.reason, pb::FlushReason::Timeout as i32);
+    let waited = ms(batch.flushed_at.as_ref().unwrap()) - ms(batch.opened_at.as_ref().unwrap());
+    assert!(
+        (1000..2000).contains(&waited),
+        "waited {waited} ms by the Redis clock"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    service.stop().await;
+}
