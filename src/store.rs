@@ -353,7 +353,7 @@ impl Store {
         let now_ms = values.next().map(|v| int(&v)).transpose()?.unwrap_or(0) as u64;
         let next = values.next().map(|v| int(&v)).transpose()?.unwrap_or(-1);
         let keys = values
-            .map(|v| string(v))
+            .map(string)
             .collect::<std::result::Result<_, _>>()?;
         Ok(DueScan {
             now_ms,

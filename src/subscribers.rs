@@ -268,7 +268,7 @@ async fn tail(
             _ = shutdown.cancelled() => return,
             reply = step => reply,
         };
-        match reply.and_then(|reply| Ok(batches_from_xread(shard, reply)?)) {
+        match reply.and_then(|reply| batches_from_xread(shard, reply)) {
             Ok(batches) => {
                 failures = 0;
                 for batch in batches {

@@ -67,7 +67,7 @@ pub fn spawn(
         let sweeper = ShardSweeper {
             shard,
             store: store.clone(),
-            config: config.clone(),
+            config,
             retention_ms: retention.as_millis() as u64,
             handle: handle.clone(),
         };

@@ -551,3 +551,52 @@ async fn bad_input_is_rejected_and_nothing_is_written() {
     assert_eq!(redis.cli(&["DBSIZE"]), "0", "nothing was written");
     service.stop().await;
 }
+
+/// The standard health service reports SERVING, and server reflection lists the
+/// Batcher service, so grpcurl works without proto files.
+#[tokio::test]
+async fn health_and_reflection_are_served() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let (_redis, service, _client) = setup().await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", service.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    support::eventually("health to report SERVING", || {
+        let mut health = health.clone();
+        async move {
+            let resp = health
+                .check(tonic_health::pb::HealthCheckRequest { service: "batcher.v1.Batcher".into() })
+                .await
+                .ok()?;
+            (resp.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
+                .then_some(())
+        }
+    })
+    .await;
+
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = responses.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection response");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains(&"batcher.v1.Batcher".to_string()), "{names:?}");
+    assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
+    service.stop().await;
+}

@@ -18,6 +18,9 @@ use support::{
 use tonic::Code;
 use tonic::transport::Channel;
 
+/// A (key, item id) pair.
+type ItemRef = (String, Vec<u8>);
+
 async fn open_groups(client: &mut BatcherClient<Channel>) -> usize {
     client
         .list_groups(pb::ListGroupsRequest {
@@ -92,7 +95,7 @@ max_sleep = "50ms"
     let cfg = config(&redis.url(), extra);
     let a = Service::start(cfg.clone()).await;
     let b = Service::start(cfg.clone()).await;
-    let accepted: Arc<Mutex<HashMap<(String, Vec<u8>), usize>>> = Arc::default();
+    let accepted: Arc<Mutex<HashMap<ItemRef, usize>>> = Arc::default();
     let mut tasks = Vec::new();
     for task in 0..16 {
         let mut client = if task % 2 == 0 {

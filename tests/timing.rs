@@ -97,7 +97,7 @@ max_sleep = "100ms"
 /// not an hour late.
 #[tokio::test]
 async fn due_times_follow_the_redis_clock() {
-    let redis = RedisServer::builder().faketime("+3600s").start();
+    let redis = RedisServer::builder().clock_skew_secs(3600).start();
     let extra = r#"
 [defaults]
 max_items = 100

@@ -8,8 +8,8 @@
 //! The harness is synchronous on purpose: it only spawns processes and speaks a few bytes
 //! of RESP by hand, so it works from plain `#[test]`s and from async tests alike.
 //!
-//! Needs `redis-server` and `redis-cli` (7.0 or later) on `PATH`; [`RedisServerBuilder::faketime`]
-//! also needs libfaketime (`apt-get install -y faketime`).
+//! Needs `redis-server` and `redis-cli` (7.0 or later) on `PATH`;
+//! [`RedisServerBuilder::clock_skew_secs`] also needs a C compiler (`cc`).
 #![allow(dead_code)]
 
 use std::fs::{self, File, OpenOptions};
@@ -61,7 +61,7 @@ pub struct RedisServer {
 pub struct RedisServerBuilder {
     appendonly: bool,
     appendfsync: String,
-    faketime: Option<String>,
+    clock_skew: Option<String>,
     cluster_enabled: bool,
     extra_args: Vec<String>,
 }
@@ -71,7 +71,7 @@ impl Default for RedisServerBuilder {
         RedisServerBuilder {
             appendonly: true,
             appendfsync: "always".to_owned(),
-            faketime: None,
+            clock_skew: None,
             cluster_enabled: false,
             extra_args: Vec::new(),
         }
@@ -93,17 +93,13 @@ impl RedisServerBuilder {
         self
     }
 
-    /// Skews the server's clock against the host's by a libfaketime offset such as
-    /// `"+3600s"`, `"-90s"` or `"+1h"`, to test code that must not trust Redis's clock.
-    ///
-    /// This preloads libfaketime into `redis-server` exactly as the `faketime -f OFFSET`
-    /// wrapper would (`LD_PRELOAD` + `FAKETIME`), but without the wrapper: the wrapper
-    /// forks and waits instead of exec-ing, so killing it would orphan the real server.
-    /// This way the child's pid is the server's pid, and `kill`/`stop`/drop reach it.
-    ///
-    /// [`start`](Self::start) panics with an install hint if libfaketime is missing.
-    pub fn faketime(mut self, offset: &str) -> Self {
-        self.faketime = Some(offset.to_owned());
+    /// Puts the server's wall clock `secs` seconds away from the host's, to
+    /// test code that must follow Redis's clock. It preloads a tiny shim
+    /// (`clock_skew.c`, compiled with the machine's C compiler on first use)
+    /// that shifts the real-time clocks; libfaketime cannot be used because it
+    /// deadlocks with the jemalloc that Debian's redis-server links.
+    pub fn clock_skew_secs(mut self, secs: i64) -> Self {
+        self.clock_skew = Some(secs.to_string());
         self
     }
 
@@ -125,9 +121,9 @@ impl RedisServerBuilder {
     /// Starts the server on a fresh free port and returns once it answers `PING` and has
     /// finished loading. Panics, with the server's whole log, if it does not come up.
     pub fn start(self) -> RedisServer {
-        if self.faketime.is_some() {
-            // Fail before spawning anything, with a message that says what to install.
-            libfaketime_path();
+        if self.clock_skew.is_some() {
+            // Fail before spawning anything, with a message that says what is missing.
+            clock_skew_shim();
         }
         let dir = tempfile::Builder::new()
             .prefix("redis-test-")
@@ -326,9 +322,8 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(append_file(&dir.join(STDOUT_FILE)))
             .stderr(append_file(&dir.join(STDERR_FILE)));
-        if let Some(offset) = &self.config.faketime {
-            cmd.env("LD_PRELOAD", libfaketime_path())
-                .env("FAKETIME", offset);
+        if let Some(secs) = &self.config.clock_skew {
+            cmd.env("LD_PRELOAD", clock_skew_shim()).env("SKEW_SECS", secs);
         }
         set_parent_death_signal(&mut cmd);
         let child = cmd.spawn().map_err(|err| {
@@ -391,24 +386,21 @@ impl RedisServer {
         let child = self.child.as_mut().expect("wait_ready after spawn");
         let pid = child.id();
         let mut backoff = Backoff::new();
-        let mut last = String::from("no answer yet");
         loop {
             match child.try_wait() {
                 Ok(Some(status)) => return Err(format!("redis-server exited early ({status})")),
                 Ok(None) => {}
                 Err(err) => return Err(format!("cannot wait for redis-server: {err}")),
             }
-            match probe(self.port) {
+            let last = match probe(self.port) {
                 Ok(Probe::Ready { pid: server_pid }) if server_pid == pid => return Ok(()),
-                Ok(Probe::Ready { pid: server_pid }) => {
-                    last = format!(
-                        "port {} is answered by another redis-server (pid {server_pid}, ours is {pid})",
-                        self.port
-                    );
-                }
-                Ok(Probe::NotYet(why)) => last = why,
-                Err(err) => last = format!("{err}"),
-            }
+                Ok(Probe::Ready { pid: server_pid }) => format!(
+                    "port {} is answered by another redis-server (pid {server_pid}, ours is {pid})",
+                    self.port
+                ),
+                Ok(Probe::NotYet(why)) => why,
+                Err(err) => err.to_string(),
+            };
             if Instant::now() >= deadline {
                 return Err(format!(
                     "not ready within {READY_TIMEOUT:?} (last probe: {last})"
@@ -666,30 +658,22 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Where libfaketime is installed, or a panic saying how to install it.
-fn libfaketime_path() -> PathBuf {
-    let mut candidates = vec![
-        PathBuf::from("/usr/local/lib/faketime/libfaketime.so.1"),
-        PathBuf::from("/usr/lib/faketime/libfaketime.so.1"),
-    ];
-    // Debian/Ubuntu multiarch: /usr/lib/<triplet>/faketime/libfaketime.so.1
-    if let Ok(entries) = fs::read_dir("/usr/lib") {
-        candidates.extend(
-            entries
-                .flatten()
-                .map(|entry| entry.path().join("faketime/libfaketime.so.1")),
-        );
-    }
-    candidates
-        .into_iter()
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "RedisServerBuilder::faketime needs libfaketime, which is not installed \
-                 (no libfaketime.so.1 under /usr/lib or /usr/local/lib): \
-                 run `apt-get install -y faketime`"
-            )
-        })
+/// Compiles `clock_skew.c` once per test binary and returns the shared object's path.
+fn clock_skew_shim() -> PathBuf {
+    static SHIM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    SHIM.get_or_init(|| {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/clock_skew.c");
+        let out = std::env::temp_dir().join(format!("batcher-clock-skew-{}.so", std::process::id()));
+        let status = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&out)
+            .arg(&source)
+            .status()
+            .unwrap_or_else(|e| panic!("clock skew needs a C compiler (cc): {e}"));
+        assert!(status.success(), "compiling {} failed", source.display());
+        out
+    })
+    .clone()
 }
 
 /// Makes the kernel SIGKILL the server when the test process (strictly: the spawning

@@ -1,0 +1,135 @@
+//! The Redis layout is cluster-ready: every script call gets all of its keys
+//! through KEYS, and they all hash to one Redis Cluster slot.
+
+mod support;
+
+use std::process::{Command, Stdio};
+
+use batcher::pb;
+use support::{RedisServer, Service, add, config, eventually, next_batch};
+
+/// The Redis Cluster slot of a key, computed independently of the service's
+/// own code: CRC16/XMODEM of the hash tag (or the whole key), modulo 16384.
+fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let close = key[open + 1..].iter().position(|b| *b == b'}')?;
+            (close > 0).then(|| &key[open + 1..open + 1 + close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(tagged) % 16384
+}
+
+/// Splits one MONITOR line into its arguments, undoing redis-cli's quoting.
+fn monitor_args(line: &str) -> Vec<Vec<u8>> {
+    let mut args = Vec::new();
+    let mut chars = line.bytes().peekable();
+    while let Some(c) = chars.next() {
+        if c != b'"' {
+            continue;
+        }
+        let mut arg = Vec::new();
+        while let Some(c) = chars.next() {
+            match c {
+                b'"' => break,
+                b'\\' => match chars.next() {
+                    Some(b'x') => {
+                        let hex: String = [chars.next().unwrap(), chars.next().unwrap()].iter().map(|b| *b as char).collect();
+                        arg.push(u8::from_str_radix(&hex, 16).unwrap());
+                    }
+                    Some(b'n') => arg.push(b'\n'),
+                    Some(b'r') => arg.push(b'\r'),
+                    Some(b't') => arg.push(b'\t'),
+                    Some(other) => arg.push(other),
+                    None => break,
+                },
+                other => arg.push(other),
+            }
+        }
+        args.push(arg);
+    }
+    args
+}
+
+/// Records every command the service sends while it adds, flushes (by size,
+/// bytes, hand and timeout), removes and serves subscribers, and checks that
+/// each script call's keys, including keys with braces, share one slot.
+#[tokio::test]
+async fn every_script_call_stays_in_one_slot() {
+    let redis = RedisServer::start();
+    let log = redis.dir().join("monitor.log");
+    let mut monitor = Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "MONITOR"])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("MONITOR to start", || {
+        redis.cli(&["PING"]);
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        async move { text.contains("\"PING\"").then_some(()) }
+    })
+    .await;
+
+    let extra = r#"
+[defaults]
+max_items = 3
+max_wait = "200ms"
+max_bytes = "64B"
+"#;
+    let service = Service::start(config(&redis.url(), extra)).await;
+    let mut client = service.client().await;
+    let mut batches = client.subscribe(pb::SubscribeRequest::default()).await.unwrap().into_inner();
+    let keys = ["north", "south-1", "{odd}key", "}{", "a{b}c", "ключ"];
+    let items = keys
+        .iter()
+        .flat_map(|k| (0..4).map(move |i| add(k, &format!("id{i}"), b"payload")))
+        .collect();
+    client.add_many(pb::AddManyRequest { items }).await.unwrap();
+    client.add(add("big", "x", &[7u8; 64])).await.unwrap();
+    client.add(add("manual", "x", b"")).await.unwrap();
+    client.add(add("manual", "y", b"")).await.unwrap();
+    client.remove(pb::RemoveRequest { key: "manual".into(), item_id: b"y".to_vec() }).await.unwrap();
+    client.flush(pb::FlushRequest { key: "manual".into() }).await.unwrap();
+    client.add(add("timeout", "x", b"")).await.unwrap();
+    loop {
+        if next_batch(&mut batches).await.reason == pb::FlushReason::Timeout as i32 {
+            break;
+        }
+    }
+    service.stop().await;
+    redis.cli(&["ECHO", "layout-done"]);
+    let text = eventually("the monitor to catch up", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        async move { text.contains("layout-done").then_some(text) }
+    })
+    .await;
+    monitor.kill().unwrap();
+    monitor.wait().unwrap();
+
+    let mut calls = 0;
+    let mut scripts_seen = std::collections::HashSet::new();
+    for line in text.lines() {
+        let args = monitor_args(line);
+        let Some(command) = args.first() else { continue };
+        let command = String::from_utf8_lossy(command).to_uppercase();
+        if command != "EVALSHA" && command != "EVAL" {
+            continue;
+        }
+        calls += 1;
+        scripts_seen.insert(args[1].clone());
+        let numkeys: usize = String::from_utf8_lossy(&args[2]).parse().unwrap();
+        let keys = &args[3..3 + numkeys];
+        assert!(!keys.is_empty(), "a script call without keys: {line}");
+        let first = slot(&keys[0]);
+        for key in keys {
+            assert_eq!(slot(key), first, "script keys span slots: {line}");
+        }
+    }
+    assert!(calls > 10, "only {calls} script calls were recorded");
+    // add, flush, due-groups and remove scripts were all exercised (EVAL and
+    // EVALSHA of one script count once each at most).
+    assert!(scripts_seen.len() >= 4, "{} distinct scripts", scripts_seen.len());
+}
