@@ -352,9 +352,7 @@ impl Store {
         let mut values = array(reply)?.into_iter();
         let now_ms = values.next().map(|v| int(&v)).transpose()?.unwrap_or(0) as u64;
         let next = values.next().map(|v| int(&v)).transpose()?.unwrap_or(-1);
-        let keys = values
-            .map(string)
-            .collect::<std::result::Result<_, _>>()?;
+        let keys = values.map(string).collect::<std::result::Result<_, _>>()?;
         Ok(DueScan {
             now_ms,
             next_due_ms: (next >= 0).then_some(next as u64),

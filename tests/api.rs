@@ -556,10 +556,10 @@ async fn bad_input_is_rejected_and_nothing_is_written() {
 /// Batcher service, so grpcurl works without proto files.
 #[tokio::test]
 async fn health_and_reflection_are_served() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
 
     let (_redis, service, _client) = setup().await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", service.addr))
@@ -572,10 +572,13 @@ async fn health_and_reflection_are_served() {
         let mut health = health.clone();
         async move {
             let resp = health
-                .check(tonic_health::pb::HealthCheckRequest { service: "batcher.v1.Batcher".into() })
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: "batcher.v1.Batcher".into(),
+                })
                 .await
                 .ok()?;
-            (resp.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
+            (resp.into_inner().status
+                == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
                 .then_some(())
         }
     })
@@ -596,7 +599,13 @@ async fn health_and_reflection_are_served() {
         panic!("unexpected reflection response");
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.contains(&"batcher.v1.Batcher".to_string()), "{names:?}");
-    assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"batcher.v1.Batcher".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
     service.stop().await;
 }

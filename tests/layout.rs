@@ -36,7 +36,10 @@ fn monitor_args(line: &str) -> Vec<Vec<u8>> {
                 b'"' => break,
                 b'\\' => match chars.next() {
                     Some(b'x') => {
-                        let hex: String = [chars.next().unwrap(), chars.next().unwrap()].iter().map(|b| *b as char).collect();
+                        let hex: String = [chars.next().unwrap(), chars.next().unwrap()]
+                            .iter()
+                            .map(|b| *b as char)
+                            .collect();
                         arg.push(u8::from_str_radix(&hex, 16).unwrap());
                     }
                     Some(b'n') => arg.push(b'\n'),
@@ -81,7 +84,11 @@ max_bytes = "64B"
 "#;
     let service = Service::start(config(&redis.url(), extra)).await;
     let mut client = service.client().await;
-    let mut batches = client.subscribe(pb::SubscribeRequest::default()).await.unwrap().into_inner();
+    let mut batches = client
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     let keys = ["north", "south-1", "{odd}key", "}{", "a{b}c", "ключ"];
     let items = keys
         .iter()
@@ -91,8 +98,19 @@ max_bytes = "64B"
     client.add(add("big", "x", &[7u8; 64])).await.unwrap();
     client.add(add("manual", "x", b"")).await.unwrap();
     client.add(add("manual", "y", b"")).await.unwrap();
-    client.remove(pb::RemoveRequest { key: "manual".into(), item_id: b"y".to_vec() }).await.unwrap();
-    client.flush(pb::FlushRequest { key: "manual".into() }).await.unwrap();
+    client
+        .remove(pb::RemoveRequest {
+            key: "manual".into(),
+            item_id: b"y".to_vec(),
+        })
+        .await
+        .unwrap();
+    client
+        .flush(pb::FlushRequest {
+            key: "manual".into(),
+        })
+        .await
+        .unwrap();
     client.add(add("timeout", "x", b"")).await.unwrap();
     loop {
         if next_batch(&mut batches).await.reason == pb::FlushReason::Timeout as i32 {
@@ -113,7 +131,9 @@ max_bytes = "64B"
     let mut scripts_seen = std::collections::HashSet::new();
     for line in text.lines() {
         let args = monitor_args(line);
-        let Some(command) = args.first() else { continue };
+        let Some(command) = args.first() else {
+            continue;
+        };
         let command = String::from_utf8_lossy(command).to_uppercase();
         if command != "EVALSHA" && command != "EVAL" {
             continue;
@@ -131,5 +151,9 @@ max_bytes = "64B"
     assert!(calls > 10, "only {calls} script calls were recorded");
     // add, flush, due-groups and remove scripts were all exercised (EVAL and
     // EVALSHA of one script count once each at most).
-    assert!(scripts_seen.len() >= 4, "{} distinct scripts", scripts_seen.len());
+    assert!(
+        scripts_seen.len() >= 4,
+        "{} distinct scripts",
+        scripts_seen.len()
+    );
 }

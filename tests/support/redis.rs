@@ -323,7 +323,8 @@ impl RedisServer {
             .stdout(append_file(&dir.join(STDOUT_FILE)))
             .stderr(append_file(&dir.join(STDERR_FILE)));
         if let Some(secs) = &self.config.clock_skew {
-            cmd.env("LD_PRELOAD", clock_skew_shim()).env("SKEW_SECS", secs);
+            cmd.env("LD_PRELOAD", clock_skew_shim())
+                .env("SKEW_SECS", secs);
         }
         set_parent_death_signal(&mut cmd);
         let child = cmd.spawn().map_err(|err| {
@@ -663,7 +664,8 @@ fn clock_skew_shim() -> PathBuf {
     static SHIM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     SHIM.get_or_init(|| {
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/clock_skew.c");
-        let out = std::env::temp_dir().join(format!("batcher-clock-skew-{}.so", std::process::id()));
+        let out =
+            std::env::temp_dir().join(format!("batcher-clock-skew-{}.so", std::process::id()));
         let status = Command::new("cc")
             .args(["-shared", "-fPIC", "-O2", "-o"])
             .arg(&out)
