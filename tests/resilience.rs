@@ -147,7 +147,7 @@ max_sleep = "50ms"
     for task in tasks {
         task.await.unwrap();
     }
-    let mut client = a.client().await;
+    let client = a.client().await;
     eventually("every group to flush", || {
         let mut client = client.clone();
         async move { (open_groups(&mut client).await == 0).then_some(()) }
@@ -186,10 +186,6 @@ max_sleep = "50ms"
             .iter()
             .any(|b| b.reason == batcher::batch::FlushReason::Size)
     );
-    let _ = client
-        .get_group(pb::GetGroupRequest { key: "x".into() })
-        .await
-        .unwrap();
     a.stop().await;
     b.stop().await;
 }
@@ -328,7 +324,7 @@ max_wait = "500ms"
         task.await.unwrap();
     }
     redis.restart();
-    let mut client = service.client().await;
+    let client = service.client().await;
     let retries = unanswered.lock().unwrap().clone();
     for (key, id) in &retries {
         eventually("the retry to be answered", || {
