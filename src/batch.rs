@@ -91,13 +91,25 @@ pub struct Batch {
     pub opened_at_ms: u64,
     /// Milliseconds since the Unix epoch, Redis clock.
     pub flushed_at_ms: u64,
+    /// Set on a re-driven copy: the entry of the original batch, whose id the
+    /// copy keeps.
+    pub origin: Option<StreamId>,
+    /// Set on a re-driven copy: the one consumer group it is for.
+    pub for_group: Option<String>,
 }
 
 impl Batch {
-    /// The batch's unique id: `<shard>-<stream entry id>`. Stable for as long as
-    /// the batch is retained, because it is derived from where the batch is stored.
+    /// The batch's unique id: `<shard>-<stream entry id>` of the original
+    /// entry. Stable across redeliveries and re-drives, because it is derived
+    /// from where the batch was first stored.
     pub fn id(&self) -> String {
-        format!("{}-{}", self.shard, self.stream_id)
+        format!("{}-{}", self.shard, self.origin.unwrap_or(self.stream_id))
+    }
+
+    /// Parses a batch id into its shard and original entry id.
+    pub fn parse_id(id: &str) -> Option<(u16, StreamId)> {
+        let (shard, entry) = id.split_once('-')?;
+        Some((shard.parse().ok()?, entry.parse().ok()?))
     }
 }
 

@@ -88,6 +88,12 @@ pub const DEFAULT_SWEEPER_MAX_SLEEP: Duration = Duration::from_millis(250);
 pub const DEFAULT_SWEEPER_BATCH: usize = 256;
 /// Default `[subscriptions] retention` (24 hours).
 pub const DEFAULT_SUBSCRIPTIONS_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default `[subscriptions] ack_timeout`.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `[subscriptions] max_deliveries`.
+pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
+/// Default `[subscriptions] trim_every`.
+pub const DEFAULT_TRIM_EVERY: Duration = Duration::from_secs(60);
 /// Default `[subscriptions] buffer`.
 pub const DEFAULT_SUBSCRIPTIONS_BUFFER: usize = 1024;
 /// Default `shutdown_grace`.
@@ -345,9 +351,20 @@ pub struct SubscriptionsConfig {
     /// reconnects can replay what it missed.
     #[serde(deserialize_with = "de_duration")]
     pub retention: Duration,
-    /// Per-subscriber queue length: a subscriber this far behind is cut off
-    /// (and may resume by replay) rather than holding memory for it.
+    /// Per-subscriber queue length: bounds the memory one slow subscriber can
+    /// hold. A live subscriber further behind catches up from Redis; a durable
+    /// one takes no new batches until it has room.
     pub buffer: usize,
+    /// How long a durable subscriber may hold a batch without acking it
+    /// before it is redelivered to a live consumer of its group.
+    #[serde(deserialize_with = "de_duration")]
+    pub ack_timeout: Duration,
+    /// After this many deliveries without an ack a batch is dead-lettered,
+    /// so one poison batch cannot cycle through a group forever.
+    pub max_deliveries: u32,
+    /// How often each shard's stream is trimmed to `retention`.
+    #[serde(deserialize_with = "de_duration")]
+    pub trim_every: Duration,
 }
 
 impl Default for SubscriptionsConfig {
@@ -355,6 +372,9 @@ impl Default for SubscriptionsConfig {
         SubscriptionsConfig {
             retention: DEFAULT_SUBSCRIPTIONS_RETENTION,
             buffer: DEFAULT_SUBSCRIPTIONS_BUFFER,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            max_deliveries: DEFAULT_MAX_DELIVERIES,
+            trim_every: DEFAULT_TRIM_EVERY,
         }
     }
 }
@@ -738,6 +758,27 @@ impl Config {
                 "subscriptions",
                 "buffer",
                 "must be at least 1, got 0".to_owned(),
+            ));
+        }
+        if self.subscriptions.ack_timeout.is_zero() {
+            return Err(invalid(
+                "subscriptions",
+                "ack_timeout",
+                "must be greater than 0".to_owned(),
+            ));
+        }
+        if self.subscriptions.max_deliveries == 0 {
+            return Err(invalid(
+                "subscriptions",
+                "max_deliveries",
+                "must be at least 1, got 0".to_owned(),
+            ));
+        }
+        if self.subscriptions.trim_every.is_zero() {
+            return Err(invalid(
+                "subscriptions",
+                "trim_every",
+                "must be greater than 0".to_owned(),
             ));
         }
         Ok(())

@@ -64,6 +64,22 @@ impl Keyspace {
         }
     }
 
+    /// Hash of durable consumer groups: name -> definition (its key filters).
+    /// Read and written by plain commands only, never by a script.
+    pub fn consumer_groups(&self) -> String {
+        format!("{{{}}}:consumer-groups", self.prefix)
+    }
+
+    /// Sorted set of a consumer group's dead-lettered stream entries in a shard.
+    pub fn dead_letters(&self, shard: u16, group: &str) -> String {
+        format!("{}:dead:{group}", self.tag(shard))
+    }
+
+    /// Hash mapping a re-driven batch's entry id to its copy's entry id.
+    pub fn redriven(&self, shard: u16, group: &str) -> String {
+        format!("{}:redriven:{group}", self.tag(shard))
+    }
+
     /// The hash holding one open group's metadata and items.
     pub fn group(&self, shard: u16, key: &str) -> String {
         format!("{}:g:{key}", self.tag(shard))

@@ -23,3 +23,15 @@ pub static DUE_GROUPS: LazyLock<Script> =
 /// Removes one item from its open group.
 pub static REMOVE_ITEM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/remove_item.lua")));
+
+/// Redelivers a consumer group's timed-out batches, or dead-letters them.
+pub static CLAIM_BATCHES: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/claim_batches.lua")));
+
+/// Acknowledges batches for a consumer group.
+pub static ACK_BATCHES: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/ack_batches.lua")));
+
+/// Re-drives dead-lettered batches to their consumer group.
+pub static REDRIVE_BATCHES: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/redrive_batches.lua")));

@@ -99,6 +99,7 @@ async fn serve(
         store.clone(),
         config.sweeper,
         config.subscriptions.retention,
+        config.subscriptions.trim_every,
         &tracker,
         tasks.clone(),
     );
@@ -118,7 +119,14 @@ async fn serve(
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let service = BatcherService::new(store, policies, config.limits, sweeper, hub);
+    let service = BatcherService::new(
+        store,
+        policies,
+        config.limits,
+        config.subscriptions,
+        sweeper,
+        hub,
+    );
 
     tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "serving");
     // Subscriptions are long-lived streams: end them when shutdown starts so

@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_stream::Stream;
@@ -12,10 +11,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::batch::{self, FlushReason, Group};
-use crate::config::{Limits, PolicyHandle};
+use crate::config::{Limits, PolicyHandle, SubscriptionsConfig};
 use crate::pb;
 use crate::store::{AddOutcome, AddResult, NewItem, Store, StoreError};
-use crate::subscribers::{Cursor, Filter, Hub};
+use crate::subscribers::{Cursor, Delivery, Durable, Filter, Hub};
 use crate::sweeper::SweeperHandle;
 
 /// Largest ListGroups page.
@@ -61,15 +60,20 @@ pub struct BatcherService {
     store: Store,
     policies: PolicyHandle,
     limits: Limits,
+    subscriptions: SubscriptionsConfig,
     sweeper: SweeperHandle,
     hub: Hub,
 }
+
+/// Longest consumer group or consumer name.
+pub const MAX_NAME_BYTES: usize = 64;
 
 impl BatcherService {
     pub fn new(
         store: Store,
         policies: PolicyHandle,
         limits: Limits,
+        subscriptions: SubscriptionsConfig,
         sweeper: SweeperHandle,
         hub: Hub,
     ) -> Self {
@@ -77,9 +81,73 @@ impl BatcherService {
             store,
             policies,
             limits,
+            subscriptions,
             sweeper,
             hub,
         }
+    }
+
+    fn check_name(&self, field: &str, name: &str) -> Result<(), Error> {
+        let ok = !name.is_empty()
+            && name.len() <= MAX_NAME_BYTES
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+        if ok {
+            Ok(())
+        } else {
+            Err(invalid(
+                field,
+                format!("must be 1 to {MAX_NAME_BYTES} of A-Z a-z 0-9 _ - ."),
+            ))
+        }
+    }
+
+    /// Parses batch ids of this service's shards.
+    fn batch_ids(&self, ids: &[String]) -> Result<Vec<(u16, batch::StreamId)>, Error> {
+        let shards = self.store.keyspace().shards();
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| {
+                batch::Batch::parse_id(id)
+                    .filter(|(shard, _)| *shard < shards)
+                    .ok_or_else(|| invalid(format!("batch_ids[{i}]"), "is not a batch id"))
+            })
+            .collect()
+    }
+
+    /// Creates or joins a consumer group; returns the group's filter.
+    async fn join_group(
+        &self,
+        req: &pb::SubscribeRequest,
+        filter: Filter,
+    ) -> Result<Filter, Error> {
+        self.check_name("consumer_group", &req.consumer_group)?;
+        self.check_name("consumer", &req.consumer)?;
+        if !matches!(req.after.as_str(), "" | "0") {
+            return Err(invalid(
+                "after",
+                "must be \"\" or \"0\" for a consumer group (it starts where the group is)",
+            ));
+        }
+        let definition = match self.store.consumer_group(&req.consumer_group).await? {
+            Some(definition) => definition,
+            None => {
+                self.store
+                    .create_consumer_group(&req.consumer_group, &filter.encode(), req.after == "0")
+                    .await?
+            }
+        };
+        let defined = Filter::decode(&definition).ok_or_else(|| {
+            StoreError::Decode(batch::DecodeError("consumer group definition".into()))
+        })?;
+        if !filter.is_empty() && filter.encode() != defined.encode() {
+            return Err(invalid(
+                "keys",
+                "differ from the consumer group's key filters (repeat them or leave keys and key_prefixes empty)",
+            ));
+        }
+        Ok(defined)
     }
 
     fn check_key(&self, field: &str, key: &str) -> Result<(), Error> {
@@ -161,7 +229,7 @@ fn add_response(result: AddResult) -> pb::AddResponse {
             AddOutcome::Duplicate => pb::AddOutcome::Duplicate,
         } as i32,
         group_size: result.group_size,
-        flushed: result.flushed.map(|b| batch_to_pb(&b, String::new())),
+        flushed: result.flushed.map(|b| batch_to_pb(&b, String::new(), 0)),
     }
 }
 
@@ -180,7 +248,7 @@ fn duration(d: Duration) -> prost_types::Duration {
 }
 
 /// Converts a batch for the wire.
-pub fn batch_to_pb(batch: &batch::Batch, cursor: String) -> pb::Batch {
+pub fn batch_to_pb(batch: &batch::Batch, cursor: String, delivery_count: u32) -> pb::Batch {
     pb::Batch {
         id: batch.id(),
         key: batch.key.clone(),
@@ -201,6 +269,7 @@ pub fn batch_to_pb(batch: &batch::Batch, cursor: String) -> pb::Batch {
         opened_at: Some(timestamp(batch.opened_at_ms)),
         flushed_at: Some(timestamp(batch.flushed_at_ms)),
         cursor,
+        delivery_count,
     }
 }
 
@@ -311,7 +380,7 @@ impl pb::batcher_server::Batcher for BatcherService {
             .await
             .map_err(Error::from)?;
         Ok(Response::new(pb::FlushResponse {
-            batch: batch.map(|b| batch_to_pb(&b, String::new())),
+            batch: batch.map(|b| batch_to_pb(&b, String::new(), 0)),
         }))
     }
 
@@ -377,31 +446,99 @@ impl pb::batcher_server::Batcher for BatcherService {
         for (i, prefix) in req.key_prefixes.iter().enumerate() {
             self.check_key(&format!("key_prefixes[{i}]"), prefix)?;
         }
-        let shards = self.store.keyspace().shards();
-        let from = match req.after.as_str() {
-            "" => self.hub.now().await.map_err(Error::from)?,
-            "0" => Cursor(vec![batch::StreamId::ZERO; usize::from(shards)]),
-            text => {
-                let unknown = || {
-                    invalid(
-                        "after",
-                        "is not a cursor of this service (use \"\", \"0\" or a Batch.cursor)",
-                    )
-                };
-                let cursor = Cursor::decode(text, shards).ok_or_else(unknown)?;
-                if !self.hub.is_known(&cursor).await.map_err(Error::from)? {
-                    return Err(unknown().into());
-                }
-                cursor
-            }
-        };
         let filter = Filter {
-            keys: req.keys.into_iter().collect::<HashSet<_>>(),
-            prefixes: req.key_prefixes,
+            keys: req.keys.iter().cloned().collect::<HashSet<_>>(),
+            prefixes: req.key_prefixes.clone(),
         };
-        let deliveries = self.hub.subscribe(from, filter);
+        let deliveries = if !req.consumer_group.is_empty() || !req.consumer.is_empty() {
+            let filter = self.join_group(&req, filter).await?;
+            let durable = Durable {
+                group: req.consumer_group,
+                consumer: req.consumer,
+                ack_timeout: self.subscriptions.ack_timeout,
+                max_deliveries: self.subscriptions.max_deliveries,
+            };
+            self.hub.subscribe_durable(durable, filter)
+        } else {
+            let shards = self.store.keyspace().shards();
+            let from = match req.after.as_str() {
+                "" => self.hub.now().await.map_err(Error::from)?,
+                "0" => Cursor(vec![batch::StreamId::ZERO; usize::from(shards)]),
+                text => {
+                    let unknown = || {
+                        invalid(
+                            "after",
+                            "is not a cursor of this service (use \"\", \"0\" or a Batch.cursor)",
+                        )
+                    };
+                    let cursor = Cursor::decode(text, shards).ok_or_else(unknown)?;
+                    if !self.hub.is_known(&cursor).await.map_err(Error::from)? {
+                        return Err(unknown().into());
+                    }
+                    cursor
+                }
+            };
+            self.hub.subscribe(from, filter)
+        };
         let stream = ReceiverStream::new(deliveries)
-            .map(|(batch, cursor): (Arc<batch::Batch>, String)| Ok(batch_to_pb(&batch, cursor)));
+            .map(|d: Delivery| Ok(batch_to_pb(&d.batch, d.cursor, d.delivery_count)));
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn ack(
+        &self,
+        request: Request<pb::AckRequest>,
+    ) -> Result<Response<pb::AckResponse>, Status> {
+        let req = request.into_inner();
+        self.check_name("consumer_group", &req.consumer_group)?;
+        let ids = self.batch_ids(&req.batch_ids)?;
+        let acked = self
+            .store
+            .ack(&req.consumer_group, &ids)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::AckResponse { acked }))
+    }
+
+    async fn list_dead_letters(
+        &self,
+        request: Request<pb::ListDeadLettersRequest>,
+    ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
+        let req = request.into_inner();
+        self.check_name("consumer_group", &req.consumer_group)?;
+        if req.limit > MAX_LIST_LIMIT {
+            return Err(invalid("limit", format!("must be at most {MAX_LIST_LIMIT}")).into());
+        }
+        let limit = if req.limit == 0 {
+            DEFAULT_LIST_LIMIT
+        } else {
+            req.limit
+        } as usize;
+        let batches = self
+            .store
+            .dead_letters(&req.consumer_group, limit)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::ListDeadLettersResponse {
+            batches: batches
+                .iter()
+                .map(|b| batch_to_pb(b, String::new(), self.subscriptions.max_deliveries))
+                .collect(),
+        }))
+    }
+
+    async fn redrive(
+        &self,
+        request: Request<pb::RedriveRequest>,
+    ) -> Result<Response<pb::RedriveResponse>, Status> {
+        let req = request.into_inner();
+        self.check_name("consumer_group", &req.consumer_group)?;
+        let ids = self.batch_ids(&req.batch_ids)?;
+        let redriven = self
+            .store
+            .redrive(&req.consumer_group, &ids)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::RedriveResponse { redriven }))
     }
 }

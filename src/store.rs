@@ -585,19 +585,295 @@ impl Store {
         Ok(batches_from_entries(shard, reply)?)
     }
 
-    /// Trims a shard's stream of entries older than `min` (approximately,
-    /// which lets Redis drop whole nodes cheaply).
-    pub async fn trim_before(&self, shard: u16, min: StreamId) -> Result<()> {
+    /// Trims a shard's stream of entries older than `min`, but never one that
+    /// a consumer group has not yet acked: the cut stays at or below every
+    /// group's oldest pending entry, first undelivered entry and oldest dead
+    /// letter. Returns the cut used.
+    pub async fn trim_before(&self, shard: u16, min: StreamId) -> Result<StreamId> {
+        let stream = self.keys.shard(shard).stream;
         let mut conn = self.conn.clone();
+        let groups: Value = match redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&stream)
+            .query_async(&mut conn)
+            .await
+        {
+            Ok(groups) => groups,
+            // No stream yet: nothing to trim.
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) => {
+                return Ok(min);
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let mut cut = min;
+        for group in array(groups)? {
+            let mut name = None;
+            let mut pending = 0;
+            let mut last_delivered = StreamId::ZERO;
+            let mut fields = array(group)?.into_iter();
+            while let (Some(field), Some(value)) = (fields.next(), fields.next()) {
+                match bytes(field)?.as_slice() {
+                    b"name" => name = Some(string(value)?),
+                    b"pending" => pending = int(&value)?,
+                    b"last-delivered-id" => last_delivered = string(value)?.parse()?,
+                    _ => {}
+                }
+            }
+            let name = name.ok_or_else(|| DecodeError("XINFO GROUPS without a name".into()))?;
+            // Everything after the last delivered entry is undelivered.
+            cut = cut.min(StreamId {
+                ms: last_delivered.ms,
+                seq: last_delivered.seq + 1,
+            });
+            if pending > 0 {
+                let oldest: Value = redis::cmd("XPENDING")
+                    .arg(&stream)
+                    .arg(&name)
+                    .arg("-")
+                    .arg("+")
+                    .arg(1)
+                    .query_async(&mut conn)
+                    .await?;
+                if let Some(entry) = array(oldest)?.into_iter().next() {
+                    let id = array(entry)?
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| DecodeError("XPENDING entry".into()))?;
+                    cut = cut.min(string(id)?.parse()?);
+                }
+            }
+            let dead: Vec<String> = redis::cmd("ZRANGE")
+                .arg(self.keys.dead_letters(shard, &name))
+                .arg(0)
+                .arg(0)
+                .query_async(&mut conn)
+                .await?;
+            if let Some(id) = dead.first() {
+                cut = cut.min(id.parse()?);
+            }
+        }
+        // Exact, not approximate (~): with `~` Redis only drops whole nodes,
+        // and a quiet stream would keep its old batches indefinitely.
         redis::cmd("XTRIM")
-            .arg(self.keys.shard(shard).stream)
+            .arg(&stream)
             .arg("MINID")
-            .arg("~")
-            .arg(min.to_string())
+            .arg(cut.to_string())
             .query_async::<()>(&mut conn)
             .await?;
+        Ok(cut)
+    }
+
+    /// Reads a consumer group's definition.
+    pub async fn consumer_group(&self, name: &str) -> Result<Option<String>> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("HGET")
+            .arg(self.keys.consumer_groups())
+            .arg(name)
+            .query_async(&mut conn)
+            .await?)
+    }
+
+    /// Creates a consumer group on every shard stream, starting at the end
+    /// (`from_start` false) or at the oldest retained batch, then records its
+    /// definition unless another caller recorded one first. Returns the
+    /// definition in force.
+    pub async fn create_consumer_group(
+        &self,
+        name: &str,
+        definition: &str,
+        from_start: bool,
+    ) -> Result<String> {
+        let mut conn = self.conn.clone();
+        for shard in 0..self.keys.shards() {
+            let created = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(self.keys.shard(shard).stream)
+                .arg(name)
+                .arg(if from_start { "0" } else { "$" })
+                .arg("MKSTREAM")
+                .query_async::<()>(&mut conn)
+                .await;
+            match created {
+                Ok(()) => {}
+                Err(err) if err.code() == Some("BUSYGROUP") => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        let _: bool = redis::cmd("HSETNX")
+            .arg(self.keys.consumer_groups())
+            .arg(name)
+            .arg(definition)
+            .query_async(&mut conn)
+            .await?;
+        Ok(self
+            .consumer_group(name)
+            .await?
+            .unwrap_or_else(|| definition.to_owned()))
+    }
+
+    /// Reads up to `count` batches of a shard not yet delivered to the group,
+    /// and delivers them to `consumer` (they are pending until acked).
+    /// Non-blocking, so it may use the shared connection.
+    pub async fn read_group(
+        &self,
+        shard: u16,
+        group: &str,
+        consumer: &str,
+        count: usize,
+    ) -> Result<Vec<Batch>> {
+        let mut conn = self.conn.clone();
+        let reply: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(group)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count)
+            .arg("STREAMS")
+            .arg(self.keys.shard(shard).stream)
+            .arg(">")
+            .query_async(&mut conn)
+            .await?;
+        let streams = array(reply)?;
+        match streams.into_iter().next() {
+            Some(stream) => {
+                let [_, entries] = take_array::<2>(stream, "XREADGROUP")?;
+                Ok(batches_from_entries(shard, entries)?)
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Takes over a group's batches that have been pending for at least
+    /// `min_idle` (only `owner`'s, if given) for `consumer`, dead-lettering
+    /// those delivered `max_deliveries` times. Returns the batches with their
+    /// delivery counts.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim(
+        &self,
+        shard: u16,
+        group: &str,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+        max_deliveries: u32,
+        owner: Option<&str>,
+    ) -> Result<Vec<(Batch, u32)>> {
+        let stream = self.keys.shard(shard).stream;
+        let dead = self.keys.dead_letters(shard, group);
+        let reply = self
+            .run_script(
+                &scripts::CLAIM_BATCHES,
+                &[&stream, &dead],
+                vec![
+                    group.as_bytes().to_vec(),
+                    consumer.as_bytes().to_vec(),
+                    (min_idle.as_millis() as u64).to_string().into_bytes(),
+                    count.to_string().into_bytes(),
+                    max_deliveries.to_string().into_bytes(),
+                    owner.unwrap_or("").as_bytes().to_vec(),
+                ],
+            )
+            .await?;
+        let mut out = Vec::new();
+        for claimed in array(reply)? {
+            let [id, fields, deliveries] = take_array::<3>(claimed, "claimed entry")?;
+            let deliveries = int(&deliveries)? as u32;
+            let entry = Value::Array(vec![Value::Array(vec![id, fields])]);
+            for batch in batches_from_entries(shard, entry)? {
+                out.push((batch, deliveries));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Acks stream entries for a group (batches a consumer group skips).
+    pub async fn ack_entries(&self, shard: u16, group: &str, ids: &[StreamId]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd("XACK");
+        cmd.arg(self.keys.shard(shard).stream).arg(group);
+        for id in ids {
+            cmd.arg(id.to_string());
+        }
+        cmd.query_async::<()>(&mut conn).await?;
         Ok(())
     }
+
+    /// Acks batches (by shard and original entry id) for a group. Returns how
+    /// many were pending.
+    pub async fn ack(&self, group: &str, ids: &[(u16, StreamId)]) -> Result<u32> {
+        let calls = per_shard(ids).into_iter().map(|(shard, ids)| async move {
+            let stream = self.keys.shard(shard).stream;
+            let redriven = self.keys.redriven(shard, group);
+            let mut args = vec![group.as_bytes().to_vec()];
+            args.extend(ids.iter().map(|id| id.to_string().into_bytes()));
+            let reply = self
+                .run_script(&scripts::ACK_BATCHES, &[&stream, &redriven], args)
+                .await?;
+            Ok::<_, StoreError>(int(&reply)? as u32)
+        });
+        Ok(try_join_all(calls).await?.into_iter().sum())
+    }
+
+    /// Re-drives dead-lettered batches of a group. Returns how many were dead letters.
+    pub async fn redrive(&self, group: &str, ids: &[(u16, StreamId)]) -> Result<u32> {
+        let calls = per_shard(ids).into_iter().map(|(shard, ids)| async move {
+            let stream = self.keys.shard(shard).stream;
+            let dead = self.keys.dead_letters(shard, group);
+            let redriven = self.keys.redriven(shard, group);
+            let mut args = vec![group.as_bytes().to_vec()];
+            args.extend(ids.iter().map(|id| id.to_string().into_bytes()));
+            let reply = self
+                .run_script(
+                    &scripts::REDRIVE_BATCHES,
+                    &[&stream, &dead, &redriven],
+                    args,
+                )
+                .await?;
+            Ok::<_, StoreError>(int(&reply)? as u32)
+        });
+        Ok(try_join_all(calls).await?.into_iter().sum())
+    }
+
+    /// A group's dead letters, oldest first, at most `limit`.
+    pub async fn dead_letters(&self, group: &str, limit: usize) -> Result<Vec<Batch>> {
+        let mut conn = self.conn.clone();
+        let mut all = Vec::new();
+        for shard in 0..self.keys.shards() {
+            let ids: Vec<String> = redis::cmd("ZRANGE")
+                .arg(self.keys.dead_letters(shard, group))
+                .arg(0)
+                .arg(limit as i64 - 1)
+                .query_async(&mut conn)
+                .await?;
+            if ids.is_empty() {
+                continue;
+            }
+            let mut pipe = redis::pipe();
+            let stream = self.keys.shard(shard).stream;
+            for id in &ids {
+                pipe.cmd("XRANGE").arg(&stream).arg(id).arg(id);
+            }
+            let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+            for reply in replies {
+                all.extend(batches_from_entries(shard, reply)?);
+            }
+        }
+        all.sort_by_key(|b| (b.flushed_at_ms, b.shard, b.stream_id));
+        all.truncate(limit);
+        Ok(all)
+    }
+}
+
+/// Groups (shard, id) pairs by shard.
+fn per_shard(ids: &[(u16, StreamId)]) -> HashMap<u16, Vec<StreamId>> {
+    let mut out: HashMap<u16, Vec<StreamId>> = HashMap::new();
+    for (shard, id) in ids {
+        out.entry(*shard).or_default().push(*id);
+    }
+    out
 }
 
 /// Decodes the entries of an XRANGE or XREAD reply into batches.
@@ -613,6 +889,7 @@ pub fn batches_from_entries(
         let mut key = None;
         let mut reason = None;
         let (mut opened, mut flushed, mut count, mut blob) = (None, None, None, None);
+        let (mut origin, mut for_group) = (None, None);
         let mut fields = array(fields)?.into_iter();
         while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
             match bytes(name)?.as_slice() {
@@ -622,6 +899,8 @@ pub fn batches_from_entries(
                 b"flushed" => flushed = Some(int(&value)? as u64),
                 b"n" => count = Some(int(&value)? as usize),
                 b"items" => blob = Some(bytes(value)?),
+                b"origin" => origin = Some(string(value)?.parse()?),
+                b"for_group" => for_group = Some(string(value)?),
                 _ => {}
             }
         }
@@ -634,6 +913,8 @@ pub fn batches_from_entries(
             reason: reason.ok_or_else(missing)?,
             opened_at_ms: opened.ok_or_else(missing)?,
             flushed_at_ms: flushed.ok_or_else(missing)?,
+            origin,
+            for_group,
         });
     }
     Ok(batches)
@@ -654,6 +935,8 @@ fn batch_from_script(
         opened_at_ms: int(&opened)? as u64,
         flushed_at_ms: int(&flushed)? as u64,
         items: decode_items(&bytes(blob)?, int(&count)? as usize)?,
+        origin: None,
+        for_group: None,
     })
 }
 

@@ -65,6 +65,48 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// A canonical text form, stored as a consumer group's definition: sorted,
+    /// de-duplicated, each entry `k` (key) or `p` (prefix), its byte length, `:`, itself.
+    pub fn encode(&self) -> String {
+        let mut keys: Vec<&String> = self.keys.iter().collect();
+        keys.sort();
+        let mut prefixes: Vec<&String> = self.prefixes.iter().collect();
+        prefixes.sort();
+        prefixes.dedup();
+        let mut out = String::new();
+        for (tag, list) in [('k', keys), ('p', prefixes)] {
+            for item in list {
+                out.push_str(&format!("{tag}{}:{item}", item.len()));
+            }
+        }
+        out
+    }
+
+    /// Parses [`Filter::encode`]'s form.
+    pub fn decode(mut text: &str) -> Option<Filter> {
+        let mut filter = Filter::default();
+        while !text.is_empty() {
+            let tag = text.chars().next()?;
+            let colon = text.find(':')?;
+            let len: usize = text.get(1..colon)?.parse().ok()?;
+            let item = text.get(colon + 1..colon + 1 + len)?.to_owned();
+            text = &text[colon + 1 + len..];
+            match tag {
+                'k' => {
+                    filter.keys.insert(item);
+                }
+                'p' => filter.prefixes.push(item),
+                _ => return None,
+            }
+        }
+        Some(filter)
+    }
+
+    /// True when the filter selects every key.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.prefixes.is_empty()
+    }
+
     /// Empty filters match every key.
     pub fn matches(&self, key: &str) -> bool {
         (self.keys.is_empty() && self.prefixes.is_empty())
@@ -73,8 +115,24 @@ impl Filter {
     }
 }
 
-/// A batch as sent to one subscriber, with the cursor that resumes after it.
-pub type Delivery = (Arc<Batch>, String);
+/// A batch as sent to one subscriber.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    pub batch: Arc<Batch>,
+    /// Live subscriptions: the cursor that resumes right after this batch.
+    pub cursor: String,
+    /// Durable subscriptions: how often the group has been handed this batch.
+    pub delivery_count: u32,
+}
+
+/// What a durable subscription needs besides its filter.
+#[derive(Clone, Debug)]
+pub struct Durable {
+    pub group: String,
+    pub consumer: String,
+    pub ack_timeout: Duration,
+    pub max_deliveries: u32,
+}
 
 /// The fan-out point shared by every subscriber of this instance.
 #[derive(Clone)]
@@ -133,6 +191,149 @@ impl Hub {
         self.tracker
             .spawn(subscriber.run(live, self.shutdown.clone()));
         rx
+    }
+}
+
+impl Hub {
+    /// Starts a durable subscription through a consumer group (which must
+    /// exist); batches arrive on the receiver and stay pending until acked.
+    pub fn subscribe_durable(&self, durable: Durable, filter: Filter) -> mpsc::Receiver<Delivery> {
+        let (tx, rx) = mpsc::channel(self.buffer);
+        let subscriber = DurableSubscriber {
+            store: self.store.clone(),
+            durable,
+            filter,
+            tx,
+        };
+        self.tracker
+            .spawn(subscriber.run(self.live.subscribe(), self.shutdown.clone()));
+        rx
+    }
+}
+
+/// One consumer of a consumer group. It never blocks on Redis: it reads the
+/// group's new batches (XREADGROUP without BLOCK) when the stream tails
+/// announce a new batch, or at the latest every `POLL`, and only as many as
+/// its queue has room for, so a stalled consumer holds no more than its
+/// buffer. Every `ack_timeout / 2` it takes over batches that any consumer of
+/// the group has held unacked for `ack_timeout`.
+struct DurableSubscriber {
+    store: Store,
+    durable: Durable,
+    filter: Filter,
+    tx: mpsc::Sender<Delivery>,
+}
+
+/// The longest a durable subscriber waits before looking for new batches
+/// without being told of one.
+const POLL: Duration = Duration::from_millis(500);
+
+impl DurableSubscriber {
+    async fn run(self, mut live: broadcast::Receiver<Arc<Batch>>, shutdown: CancellationToken) {
+        let shards = self.store.keyspace().shards();
+        let claim_every = (self.durable.ack_timeout / 2).max(Duration::from_millis(10));
+        // A reconnecting consumer first gets back what it held unacked.
+        let mut own_first = true;
+        let mut next_claim = tokio::time::Instant::now();
+        loop {
+            // Wait for room before taking batches off the group.
+            let room = match self.tx.reserve().await {
+                Ok(permit) => {
+                    drop(permit);
+                    self.tx.capacity()
+                }
+                Err(_) => return,
+            };
+            let step = async {
+                let mut taken = 0;
+                if own_first || tokio::time::Instant::now() >= next_claim {
+                    for shard in 0..shards {
+                        let (min_idle, owner) = if own_first {
+                            (Duration::ZERO, Some(self.durable.consumer.as_str()))
+                        } else {
+                            (self.durable.ack_timeout, None)
+                        };
+                        let claimed = self
+                            .store
+                            .claim(
+                                shard,
+                                &self.durable.group,
+                                &self.durable.consumer,
+                                min_idle,
+                                room,
+                                self.durable.max_deliveries,
+                                owner,
+                            )
+                            .await?;
+                        for (batch, count) in claimed {
+                            taken += 1;
+                            if !self.deliver(batch, count).await? {
+                                return Ok(None);
+                            }
+                        }
+                    }
+                    own_first = false;
+                    next_claim = tokio::time::Instant::now() + claim_every;
+                }
+                for shard in 0..shards {
+                    let batches = self
+                        .store
+                        .read_group(shard, &self.durable.group, &self.durable.consumer, room)
+                        .await?;
+                    for batch in batches {
+                        taken += 1;
+                        if !self.deliver(batch, 1).await? {
+                            return Ok(None);
+                        }
+                    }
+                }
+                Ok::<_, StoreError>(Some(taken))
+            };
+            let taken = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.tx.closed() => return,
+                taken = step => taken,
+            };
+            match taken {
+                Ok(None) => return,
+                Ok(Some(taken)) if taken > 0 => continue,
+                Ok(Some(_)) => {}
+                Err(err) => {
+                    tracing::warn!(group = %self.durable.group, %err, "durable subscriber read failed; retrying")
+                }
+            }
+            // Nothing new: wait for a tail to announce a batch, the next
+            // claim, or the poll bound.
+            let wait = POLL.min(next_claim.saturating_duration_since(tokio::time::Instant::now()));
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.tx.closed() => return,
+                _ = live.recv() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Sends a batch to the consumer, or acks it for the group at once when
+    /// the group does not want it. Returns false when the consumer has gone
+    /// (the batch stays pending and is redelivered).
+    async fn deliver(&self, batch: Batch, delivery_count: u32) -> Result<bool, StoreError> {
+        let wanted = match &batch.for_group {
+            Some(group) => *group == self.durable.group,
+            None => true,
+        } && self.filter.matches(&batch.key);
+        if !wanted {
+            self.store
+                .ack_entries(batch.shard, &self.durable.group, &[batch.stream_id])
+                .await?;
+            return Ok(true);
+        }
+        let delivery = Delivery {
+            batch: Arc::new(batch),
+            cursor: String::new(),
+            delivery_count,
+        };
+        Ok(self.tx.send(delivery).await.is_ok())
     }
 }
 
@@ -215,11 +416,17 @@ impl Subscriber {
             return true;
         }
         *seen = batch.stream_id;
-        if !self.filter.matches(&batch.key) {
+        // Re-driven copies are for one consumer group, not for live subscribers.
+        if batch.for_group.is_some() || !self.filter.matches(&batch.key) {
             return true;
         }
         let cursor = self.position.encode();
-        self.tx.send((batch, cursor)).await.is_ok()
+        let delivery = Delivery {
+            batch,
+            cursor,
+            delivery_count: 0,
+        };
+        self.tx.send(delivery).await.is_ok()
     }
 }
 
@@ -335,5 +542,19 @@ mod tests {
         assert!(filter.matches("south-3"));
         assert!(!filter.matches("northwest"));
         assert!(!filter.matches("east"));
+    }
+
+    /// A consumer group's filter survives its stored form, including odd keys.
+    #[test]
+    fn filter_round_trip() {
+        let filter = Filter {
+            keys: ["a:b".to_string(), "k7:x".to_string(), "ключ".to_string()].into(),
+            prefixes: vec!["p-".into(), "".into()],
+        };
+        let decoded = Filter::decode(&filter.encode()).unwrap();
+        assert_eq!(decoded.keys, filter.keys);
+        assert_eq!(decoded.encode(), filter.encode());
+        assert!(Filter::decode("").unwrap().is_empty());
+        assert!(Filter::decode("k9:x").is_none());
     }
 }

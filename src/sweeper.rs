@@ -19,9 +19,6 @@ use crate::batch::StreamId;
 use crate::config::SweeperConfig;
 use crate::store::Store;
 
-/// How often each shard's stream is trimmed to the retention window.
-const TRIM_EVERY_MS: u64 = 60_000;
-
 /// Wakes the shard sweepers when a local add opens an earlier deadline.
 #[derive(Clone)]
 pub struct SweeperHandle {
@@ -53,6 +50,7 @@ pub fn spawn(
     store: Store,
     config: SweeperConfig,
     retention: Duration,
+    trim_every: Duration,
     tracker: &TaskTracker,
     shutdown: CancellationToken,
 ) -> SweeperHandle {
@@ -69,6 +67,7 @@ pub fn spawn(
             store: store.clone(),
             config,
             retention_ms: retention.as_millis() as u64,
+            trim_every_ms: trim_every.as_millis() as u64,
             handle: handle.clone(),
         };
         tracker.spawn(sweeper.run(shutdown.clone()));
@@ -81,6 +80,7 @@ struct ShardSweeper {
     store: Store,
     config: SweeperConfig,
     retention_ms: u64,
+    trim_every_ms: u64,
     handle: SweeperHandle,
 }
 
@@ -110,7 +110,7 @@ impl ShardSweeper {
                 tracing::info!(shard = self.shard, "sweeper reconnected to redis");
                 failures = 0;
             }
-            if scan.now_ms.saturating_sub(last_trim_ms) >= TRIM_EVERY_MS {
+            if scan.now_ms.saturating_sub(last_trim_ms) >= self.trim_every_ms {
                 last_trim_ms = scan.now_ms;
                 let min = StreamId {
                     ms: scan.now_ms.saturating_sub(self.retention_ms),

@@ -136,7 +136,7 @@ async fn filters_select_keys_and_prefixes() {
         .subscribe(pb::SubscribeRequest {
             keys: vec!["north".into()],
             key_prefixes: vec!["south-".into()],
-            after: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap()

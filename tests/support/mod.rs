@@ -25,9 +25,10 @@ pub use self::redis::RedisServer;
 /// A deadline long enough for a loaded CI machine, short enough to fail fast.
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
-/// A config for tests against `url`, plus extra TOML (tables only).
+/// A config for tests against `url`: `extra` TOML (top-level keys, then
+/// tables other than `[redis]`), then the `[redis]` table.
 pub fn config(url: &str, extra: &str) -> Config {
-    let text = format!("[redis]\nurl = \"{url}\"\nshards = 4\n{extra}\n");
+    let text = format!("{extra}\n[redis]\nurl = \"{url}\"\nshards = 4\n");
     Config::parse(&text, "test.toml").unwrap_or_else(|e| panic!("test config: {e}"))
 }
 
