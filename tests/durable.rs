@@ -354,3 +354,100 @@ async fn stalled_consumer_blocks_nothing() {
     assert!(held < 150, "a stalled consumer took {held} of 300 batches");
     service.stop().await;
 }
+
+/// A group's key filters are part of its definition: unmatched batches are
+/// acked for it without delivery, and a consumer asking for other filters is
+/// refused; bad names and batch ids are INVALID_ARGUMENT naming the field.
+#[tokio::test]
+async fn group_filters_and_validation() {
+    let redis = RedisServer::start();
+    let service = Service::start(config(&redis.url(), DURABLE)).await;
+    let mut client = service.client().await;
+    let mut stream = client
+        .subscribe(pb::SubscribeRequest {
+            key_prefixes: vec!["north-".into()],
+            consumer_group: "north".into(),
+            consumer: "c".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for key in ["south-1", "north-1", "east", "north-2"] {
+        flush_n(&mut client, key, 1).await;
+    }
+    assert_eq!(next_batch(&mut stream).await.key, "north-1");
+    assert_eq!(next_batch(&mut stream).await.key, "north-2");
+    let pending: usize = (0..4)
+        .map(|shard| {
+            let out = redis.cli(&["XPENDING", &format!("{{batcher:{shard}}}:batches"), "north"]);
+            out.lines()
+                .next()
+                .unwrap_or("0")
+                .trim()
+                .parse::<usize>()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(pending, 2, "unmatched batches were acked for the group");
+    // Joining with no filters takes the group's; other filters are refused.
+    let mut joined = client
+        .subscribe(pb::SubscribeRequest {
+            consumer_group: "north".into(),
+            consumer: "d".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    drop(stream);
+    flush_n(&mut client, "west", 1).await;
+    flush_n(&mut client, "north-3", 1).await;
+    let batch = next_batch(&mut joined).await;
+    assert!(batch.key.starts_with("north-"), "{}", batch.key);
+    let status = client
+        .subscribe(pb::SubscribeRequest {
+            keys: vec!["other".into()],
+            consumer_group: "north".into(),
+            consumer: "e".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("keys:"),
+        "{}",
+        status.message()
+    );
+    for (group, consumer, field) in [("bad name", "c", "consumer_group"), ("g", "", "consumer")] {
+        let status = client
+            .subscribe(pb::SubscribeRequest {
+                consumer_group: group.into(),
+                consumer: consumer.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            status.message().starts_with(&format!("{field}:")),
+            "{}",
+            status.message()
+        );
+    }
+    let status = client
+        .ack(pb::AckRequest {
+            consumer_group: "north".into(),
+            batch_ids: vec!["nonsense".into()],
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        status.message().starts_with("batch_ids[0]:"),
+        "{}",
+        status.message()
+    );
+    let unknown = ack(&mut client, "north", vec!["0-1-0".into()]).await;
+    assert_eq!(unknown, 0, "an unknown id is not an error");
+    service.stop().await;
+}

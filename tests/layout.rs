@@ -57,7 +57,8 @@ fn monitor_args(line: &str) -> Vec<Vec<u8>> {
 }
 
 /// Records every command the service sends while it adds, flushes (by size,
-/// bytes, hand and timeout), removes and serves subscribers, and checks that
+/// bytes, hand and timeout), removes, serves live and durable subscribers,
+/// dead-letters, re-drives and acks, and checks that
 /// each script call's keys, including keys with braces, share one slot.
 #[tokio::test]
 async fn every_script_call_stays_in_one_slot() {
@@ -81,6 +82,9 @@ async fn every_script_call_stays_in_one_slot() {
 max_items = 3
 max_wait = "200ms"
 max_bytes = "64B"
+[subscriptions]
+ack_timeout = "100ms"
+max_deliveries = 1
 "#;
     let service = Service::start(config(&redis.url(), extra)).await;
     let mut client = service.client().await;
@@ -113,10 +117,60 @@ max_bytes = "64B"
         .unwrap();
     client.add(add("timeout", "x", b"")).await.unwrap();
     loop {
-        if next_batch(&mut batches).await.reason == pb::FlushReason::Timeout as i32 {
+        if next_batch(&mut batches).await.key == "timeout" {
             break;
         }
     }
+    // Durable subscriptions: deliver, time out into the dead letters, re-drive, ack.
+    let mut durable = client
+        .subscribe(pb::SubscribeRequest {
+            consumer_group: "g".into(),
+            consumer: "c".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    client.add(add("durable", "x", b"")).await.unwrap();
+    client
+        .flush(pb::FlushRequest {
+            key: "durable".into(),
+        })
+        .await
+        .unwrap();
+    let first = next_batch(&mut durable).await;
+    eventually("the batch to be dead-lettered", || {
+        let mut client = client.clone();
+        async move {
+            let dead = client
+                .list_dead_letters(pb::ListDeadLettersRequest {
+                    consumer_group: "g".into(),
+                    limit: 0,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            (!dead.batches.is_empty()).then_some(())
+        }
+    })
+    .await;
+    client
+        .redrive(pb::RedriveRequest {
+            consumer_group: "g".into(),
+            batch_ids: vec![first.id.clone()],
+        })
+        .await
+        .unwrap();
+    let again = next_batch(&mut durable).await;
+    assert_eq!(again.id, first.id, "{first:?} / {again:?}");
+    client
+        .ack(pb::AckRequest {
+            consumer_group: "g".into(),
+            batch_ids: vec![again.id],
+        })
+        .await
+        .unwrap();
+    drop(durable);
     service.stop().await;
     redis.cli(&["ECHO", "layout-done"]);
     let text = eventually("the monitor to catch up", || {
