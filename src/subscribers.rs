@@ -230,11 +230,16 @@ const POLL: Duration = Duration::from_millis(500);
 
 impl DurableSubscriber {
     async fn run(self, mut live: broadcast::Receiver<Arc<Batch>>, shutdown: CancellationToken) {
-        let shards = self.store.keyspace().shards();
+        let shards = usize::from(self.store.keyspace().shards());
         let claim_every = (self.durable.ack_timeout / 2).max(Duration::from_millis(10));
         // A reconnecting consumer first gets back what it held unacked.
         let mut own_first = true;
         let mut next_claim = tokio::time::Instant::now();
+        // Shards that may hold batches the group has not read yet: set when a
+        // tail announces a batch there (or at every poll), cleared when a read
+        // comes back short.
+        let mut dirty = vec![true; shards];
+        let mut next_poll = tokio::time::Instant::now() + POLL;
         loop {
             // Wait for room before taking batches off the group.
             let room = match self.tx.reserve().await {
@@ -244,74 +249,135 @@ impl DurableSubscriber {
                 }
                 Err(_) => return,
             };
-            let step = async {
-                let mut taken = 0;
-                if own_first || tokio::time::Instant::now() >= next_claim {
-                    for shard in 0..shards {
-                        let (min_idle, owner) = if own_first {
-                            (Duration::ZERO, Some(self.durable.consumer.as_str()))
-                        } else {
-                            (self.durable.ack_timeout, None)
-                        };
-                        let claimed = self
-                            .store
-                            .claim(
-                                shard,
-                                &self.durable.group,
-                                &self.durable.consumer,
-                                min_idle,
-                                room,
-                                self.durable.max_deliveries,
-                                owner,
-                            )
-                            .await?;
-                        for (batch, count) in claimed {
-                            taken += 1;
-                            if !self.deliver(batch, count).await? {
-                                return Ok(None);
-                            }
+            let claim_due = own_first || tokio::time::Instant::now() >= next_claim;
+            if claim_due || dirty.contains(&true) {
+                let step = self.step(room, claim_due, own_first, &mut dirty);
+                let result = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = self.tx.closed() => return,
+                    result = step => result,
+                };
+                match result {
+                    Ok(true) => {
+                        if claim_due {
+                            own_first = false;
+                            next_claim = tokio::time::Instant::now() + claim_every;
                         }
+                        continue;
                     }
-                    own_first = false;
-                    next_claim = tokio::time::Instant::now() + claim_every;
-                }
-                for shard in 0..shards {
-                    let batches = self
-                        .store
-                        .read_group(shard, &self.durable.group, &self.durable.consumer, room)
-                        .await?;
-                    for batch in batches {
-                        taken += 1;
-                        if !self.deliver(batch, 1).await? {
-                            return Ok(None);
-                        }
+                    Ok(false) => return,
+                    Err(err) => {
+                        tracing::warn!(group = %self.durable.group, %err, "durable subscriber read failed; retrying");
+                        dirty.fill(true);
                     }
-                }
-                Ok::<_, StoreError>(Some(taken))
-            };
-            let taken = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = self.tx.closed() => return,
-                taken = step => taken,
-            };
-            match taken {
-                Ok(None) => return,
-                Ok(Some(taken)) if taken > 0 => continue,
-                Ok(Some(_)) => {}
-                Err(err) => {
-                    tracing::warn!(group = %self.durable.group, %err, "durable subscriber read failed; retrying")
                 }
             }
-            // Nothing new: wait for a tail to announce a batch, the next
+            // Nothing to read: wait for a tail to announce a batch, the next
             // claim, or the poll bound.
-            let wait = POLL.min(next_claim.saturating_duration_since(tokio::time::Instant::now()));
-            tokio::select! {
+            let now = tokio::time::Instant::now();
+            let wake = next_claim.min(next_poll).max(now);
+            let mut mark = |next: Result<Arc<Batch>, broadcast::error::RecvError>| match next {
+                Ok(batch) => {
+                    if let Some(d) = dirty.get_mut(usize::from(batch.shard)) {
+                        *d = true;
+                    }
+                    true
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    dirty.fill(true);
+                    true
+                }
+                Err(broadcast::error::RecvError::Closed) => false,
+            };
+            let open = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.tx.closed() => return,
-                _ = live.recv() => {}
-                _ = tokio::time::sleep(wait) => {}
+                next = live.recv() => mark(next),
+                _ = tokio::time::sleep_until(wake) => true,
+            };
+            if !open {
+                return;
+            }
+            // Take every other announcement already queued.
+            loop {
+                match live.try_recv() {
+                    Ok(batch) => {
+                        mark(Ok(batch));
+                    }
+                    Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                        mark(Err(broadcast::error::RecvError::Lagged(0)));
+                    }
+                    Err(_) => break,
+                }
+            }
+            if tokio::time::Instant::now() >= next_poll {
+                // The safety net: look at every shard now and then even if no
+                // announcement came (one may have been missed while Redis was away).
+                dirty.fill(true);
+                next_poll = tokio::time::Instant::now() + POLL;
             }
         }
+    }
+
+    /// Takes over timed-out batches (when `claim` is set) and reads the dirty
+    /// shards' new batches, up to `room` per call, delivering each. Returns
+    /// false when the consumer has gone.
+    async fn step(
+        &self,
+        room: usize,
+        claim: bool,
+        own_first: bool,
+        dirty: &mut [bool],
+    ) -> Result<bool, StoreError> {
+        if claim {
+            let (min_idle, owner) = if own_first {
+                (Duration::ZERO, Some(self.durable.consumer.as_str()))
+            } else {
+                (self.durable.ack_timeout, None)
+            };
+            for shard in 0..dirty.len() as u16 {
+                let claimed = self
+                    .store
+                    .claim(
+                        shard,
+                        &self.durable.group,
+                        &self.durable.consumer,
+                        min_idle,
+                        room,
+                        self.durable.max_deliveries,
+                        owner,
+                    )
+                    .await?;
+                for (batch, count) in claimed {
+                    if !self.deliver(batch, count).await? {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+        for (shard, is_dirty) in dirty.iter_mut().enumerate() {
+            if !*is_dirty {
+                continue;
+            }
+            let batches = self
+                .store
+                .read_group(
+                    shard as u16,
+                    &self.durable.group,
+                    &self.durable.consumer,
+                    room,
+                )
+                .await?;
+            if batches.len() < room {
+                *is_dirty = false;
+            }
+            for batch in batches {
+                if !self.deliver(batch, 1).await? {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Sends a batch to the consumer, or acks it for the group at once when
