@@ -538,32 +538,34 @@ impl Store {
         Ok((found, None))
     }
 
-    /// The last entry id of each shard's stream: the position "now".
+    /// The last entry id each shard's stream ever generated: the position
+    /// "now". Unlike the newest retained entry, it survives trimming, so a
+    /// cursor stays valid after its batches are trimmed away.
     pub async fn stream_heads(&self) -> Result<Vec<StreamId>> {
-        let mut conn = self.conn.clone();
-        let mut pipe = redis::pipe();
-        for shard in 0..self.keys.shards() {
-            pipe.cmd("XREVRANGE")
+        let heads = (0..self.keys.shards()).map(|shard| async move {
+            let mut conn = self.conn.clone();
+            let info: Value = match redis::cmd("XINFO")
+                .arg("STREAM")
                 .arg(self.keys.shard(shard).stream)
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(1);
-        }
-        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
-        replies
-            .into_iter()
-            .map(|reply| {
-                let entries = array(reply)?;
-                match entries.into_iter().next() {
-                    None => Ok(StreamId::ZERO),
-                    Some(entry) => {
-                        let [id, _] = take_array::<2>(entry, "stream entry")?;
-                        Ok(string(id)?.parse()?)
-                    }
+                .query_async(&mut conn)
+                .await
+            {
+                Ok(info) => info,
+                // No stream yet: nothing was ever flushed in this shard.
+                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) => {
+                    return Ok(StreamId::ZERO);
                 }
-            })
-            .collect()
+                Err(err) => return Err(StoreError::from(err)),
+            };
+            let mut fields = array(info)?.into_iter();
+            while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+                if bytes(name)? == b"last-generated-id" {
+                    return Ok(string(value)?.parse()?);
+                }
+            }
+            Err(DecodeError("XINFO STREAM without last-generated-id".into()).into())
+        });
+        try_join_all(heads).await
     }
 
     /// Reads up to `count` batches of a shard's stream after `after`.

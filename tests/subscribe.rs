@@ -217,3 +217,49 @@ async fn slow_subscriber_catches_up_without_blocking_others() {
     }
     service.stop().await;
 }
+
+/// A cursor stays valid after retention has trimmed its batches away: the
+/// resumed subscription picks up with the next batch.
+#[tokio::test]
+async fn cursor_survives_trimming() {
+    let redis = RedisServer::start();
+    let extra = format!(
+        "{ONE_ITEM_BATCHES}\n[subscriptions]\nretention = \"1ms\"\ntrim_every = \"20ms\"\n"
+    );
+    let service = Service::start(config(&redis.url(), &extra)).await;
+    let mut client = service.client().await;
+    let mut stream = client
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    flush_n(&mut client, "k", 0, 3).await;
+    let mut cursor = String::new();
+    for _ in 0..3 {
+        cursor = next_batch(&mut stream).await.cursor;
+    }
+    drop(stream);
+    support::eventually("the batches to be trimmed", || {
+        let len: usize = (0..4)
+            .map(|s| {
+                redis
+                    .cli(&["XLEN", &format!("{{batcher:{s}}}:batches")])
+                    .parse::<usize>()
+                    .unwrap()
+            })
+            .sum();
+        async move { (len == 0).then_some(()) }
+    })
+    .await;
+    let mut resumed = client
+        .subscribe(pb::SubscribeRequest {
+            after: cursor,
+            ..Default::default()
+        })
+        .await
+        .expect("a trimmed-away cursor is still a known cursor")
+        .into_inner();
+    flush_n(&mut client, "k", 3, 1).await;
+    assert_eq!(id_of(&next_batch(&mut resumed).await), 3);
+    service.stop().await;
+}
