@@ -297,6 +297,18 @@ impl BatcherService {
     }
 }
 
+/// A listing's page size: 0 means the default; more than the maximum is refused.
+fn page_limit(limit: u32) -> Result<usize, Error> {
+    match limit {
+        0 => Ok(DEFAULT_LIST_LIMIT as usize),
+        n if n > MAX_LIST_LIMIT => Err(invalid(
+            "limit",
+            format!("must be at most {MAX_LIST_LIMIT}"),
+        )),
+        n => Ok(n as usize),
+    }
+}
+
 /// Encodes a ListGroups position as a page token.
 fn page_token(due: u64, key: &str) -> String {
     format!("{due}:{key}")
@@ -401,14 +413,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         request: Request<pb::ListGroupsRequest>,
     ) -> Result<Response<pb::ListGroupsResponse>, Status> {
         let req = request.into_inner();
-        if req.limit > MAX_LIST_LIMIT {
-            return Err(invalid("limit", format!("must be at most {MAX_LIST_LIMIT}")).into());
-        }
-        let limit = if req.limit == 0 {
-            DEFAULT_LIST_LIMIT
-        } else {
-            req.limit
-        } as usize;
+        let limit = page_limit(req.limit)?;
         let after = if req.page_token.is_empty() {
             None
         } else {
@@ -506,14 +511,7 @@ impl pb::batcher_server::Batcher for BatcherService {
     ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
         let req = request.into_inner();
         self.check_name("consumer_group", &req.consumer_group)?;
-        if req.limit > MAX_LIST_LIMIT {
-            return Err(invalid("limit", format!("must be at most {MAX_LIST_LIMIT}")).into());
-        }
-        let limit = if req.limit == 0 {
-            DEFAULT_LIST_LIMIT
-        } else {
-            req.limit
-        } as usize;
+        let limit = page_limit(req.limit)?;
         let batches = self
             .store
             .dead_letters(&req.consumer_group, limit)

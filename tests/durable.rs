@@ -43,6 +43,21 @@ async fn flush_n(client: &mut BatcherClient<Channel>, key: &str, n: usize) {
     client.add_many(pb::AddManyRequest { items }).await.unwrap();
 }
 
+/// How many batches a consumer group holds unacked, over the 4 test shards.
+fn pending(redis: &RedisServer, group: &str) -> usize {
+    (0..4)
+        .map(|shard| {
+            let out = redis.cli(&["XPENDING", &format!("{{batcher:{shard}}}:batches"), group]);
+            out.lines()
+                .next()
+                .unwrap_or("0")
+                .trim()
+                .parse::<usize>()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
 async fn ack(client: &mut BatcherClient<Channel>, group: &str, ids: Vec<String>) -> u32 {
     client
         .ack(pb::AckRequest {
@@ -336,21 +351,7 @@ async fn stalled_consumer_blocks_nothing() {
         let batch = next_batch(&mut other).await;
         ack(&mut client, "other", vec![batch.id]).await;
     }
-    let held: usize = (0..4)
-        .map(|shard| {
-            let out = redis.cli(&[
-                "XPENDING",
-                &format!("{{batcher:{shard}}}:batches"),
-                "stalled",
-            ]);
-            out.lines()
-                .next()
-                .unwrap_or("0")
-                .trim()
-                .parse::<usize>()
-                .unwrap_or(0)
-        })
-        .sum();
+    let held = pending(&redis, "stalled");
     assert!(held < 150, "a stalled consumer took {held} of 300 batches");
     service.stop().await;
 }
@@ -378,18 +379,11 @@ async fn group_filters_and_validation() {
     }
     assert_eq!(next_batch(&mut stream).await.key, "north-1");
     assert_eq!(next_batch(&mut stream).await.key, "north-2");
-    let pending: usize = (0..4)
-        .map(|shard| {
-            let out = redis.cli(&["XPENDING", &format!("{{batcher:{shard}}}:batches"), "north"]);
-            out.lines()
-                .next()
-                .unwrap_or("0")
-                .trim()
-                .parse::<usize>()
-                .unwrap_or(0)
-        })
-        .sum();
-    assert_eq!(pending, 2, "unmatched batches were acked for the group");
+    assert_eq!(
+        pending(&redis, "north"),
+        2,
+        "unmatched batches were acked for the group"
+    );
     // Joining with no filters takes the group's; other filters are refused.
     let mut joined = client
         .subscribe(pb::SubscribeRequest {
