@@ -115,10 +115,15 @@ async fn serve(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     tracker.spawn(watch_health(store.clone(), health, tasks.clone()));
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // Both reflection versions: v1alpha is what many grpcurl builds and
+    // other tools still ask for.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
     let service = BatcherService::new(
         store,
         policies,
@@ -141,7 +146,8 @@ async fn serve(
     };
     let server = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(BatcherServer::new(service))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop_streams);
     // Graceful shutdown waits for clients to hang up; one that never does
