@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -149,7 +148,11 @@ async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(BatcherServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop_streams);
+        .serve_with_incoming_shutdown(
+            // No Nagle: a small reply must not wait for the peer's delayed ACK.
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stop_streams,
+        );
     // Graceful shutdown waits for clients to hang up; one that never does
     // must not hold the process past the grace period.
     let grace = config.shutdown_grace;
