@@ -133,7 +133,7 @@ impl Group {
 }
 
 /// Data in Redis that does not have the shape the scripts write.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[error("unexpected data in Redis: {0}")]
 pub struct DecodeError(pub String);
 

@@ -214,7 +214,7 @@ impl BatcherService {
     }
 
     async fn add_items(&self, items: Vec<NewItem>) -> Result<Vec<pb::AddResponse>, Error> {
-        let report = self.store.add(&items).await?;
+        let report = self.store.add(items).await?;
         for (shard, due) in report.opened {
             self.sweeper.opened(shard, due);
         }

@@ -6,10 +6,12 @@
 //! concurrently on the multiplexed connection, which pipelines them.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::try_join_all;
 use redis::aio::ConnectionManager;
+use tokio::sync::{mpsc, oneshot};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::batch::{Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items};
@@ -18,7 +20,7 @@ use crate::keys::{Keyspace, debug_assert_one_slot};
 use crate::scripts;
 
 /// Errors of the store layer.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// Redis could not be reached, or is not ready to serve (loading, failing over).
     #[error("redis unavailable: {0}")]
@@ -116,6 +118,8 @@ pub struct Store {
     client: redis::Client,
     keys: Keyspace,
     dedup_ms: u64,
+    /// One add writer per shard (see [`Store::add`]).
+    writers: Arc<[mpsc::UnboundedSender<AddJob>]>,
 }
 
 /// Timeouts of the command connection.
@@ -127,7 +131,9 @@ pub struct Timeouts {
 
 impl Store {
     /// A store over the Redis at `url`. Connects lazily, so the service starts
-    /// (and answers UNAVAILABLE) while Redis is down.
+    /// (and answers UNAVAILABLE) while Redis is down. Must be called inside a
+    /// tokio runtime: it starts one add writer task per shard, which ends
+    /// when the last clone of the store is dropped.
     pub fn open(
         url: &str,
         keys: Keyspace,
@@ -141,11 +147,26 @@ impl Store {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        let dedup_ms = dedup_window.as_millis() as u64;
+        let writers = (0..keys.shards())
+            .map(|shard| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let writer = AddWriter {
+                    conn: conn.clone(),
+                    keys: keys.clone(),
+                    dedup_ms,
+                    shard,
+                };
+                tokio::spawn(writer.run(rx));
+                tx
+            })
+            .collect();
         Ok(Store {
             conn,
             client,
             keys,
-            dedup_ms: dedup_window.as_millis() as u64,
+            dedup_ms,
+            writers,
         })
     }
 
@@ -172,35 +193,36 @@ impl Store {
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<Value> {
-        debug_assert_one_slot(keys);
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(arg);
-        }
-        let mut conn = self.conn.clone();
-        Ok(invocation.invoke_async(&mut conn).await?)
+        invoke(&self.conn, script, keys, args).await
     }
 
     /// Adds items, atomically per shard, in request order. A group that
     /// reaches its threshold is flushed by the add that completes it.
-    pub async fn add(&self, items: &[NewItem]) -> Result<AddReport> {
-        // Group the request per shard, keeping each shard's items in order.
-        let mut per_shard: HashMap<u16, Vec<usize>> = HashMap::new();
-        for (index, item) in items.iter().enumerate() {
-            per_shard
-                .entry(self.keys.shard_of(&item.key))
-                .or_default()
-                .push(index);
+    ///
+    /// Each shard's part goes to that shard's writer, which runs it in one
+    /// add script, together with whatever other requests queued up for the
+    /// shard meanwhile: under load, many small requests share one script call.
+    pub async fn add(&self, items: Vec<NewItem>) -> Result<AddReport> {
+        // Split the request per shard, keeping each shard's items in order.
+        let count = items.len();
+        let mut per_shard: HashMap<u16, (Vec<usize>, Vec<NewItem>)> = HashMap::new();
+        for (index, item) in items.into_iter().enumerate() {
+            let part = per_shard.entry(self.keys.shard_of(&item.key)).or_default();
+            part.0.push(index);
+            part.1.push(item);
         }
-        let calls = per_shard
-            .into_iter()
-            .map(|(shard, indexes)| self.add_in_shard(shard, items, indexes));
+        let calls = per_shard.into_iter().map(|(shard, (indexes, items))| async move {
+            let (reply, done) = oneshot::channel();
+            let writer = &self.writers[usize::from(shard)];
+            if writer.send(AddJob { items, reply }).is_err() {
+                return Err(writer_gone());
+            }
+            let (earliest, results) = done.await.map_err(|_| writer_gone())??;
+            Ok((shard, indexes, earliest, results))
+        });
         let replies = try_join_all(calls).await?;
 
-        let mut results: Vec<Option<AddResult>> = vec![None; items.len()];
+        let mut results: Vec<Option<AddResult>> = vec![None; count];
         let mut opened = Vec::new();
         for (shard, indexes, earliest, shard_results) in replies {
             if let Some(due) = earliest {
@@ -215,73 +237,6 @@ impl Store {
             .map(|r| r.ok_or_else(|| DecodeError("add_items returned too few results".into())))
             .collect::<std::result::Result<_, _>>()?;
         Ok(AddReport { results, opened })
-    }
-
-    async fn add_in_shard(
-        &self,
-        shard: u16,
-        items: &[NewItem],
-        indexes: Vec<usize>,
-    ) -> Result<(u16, Vec<usize>, Option<u64>, Vec<AddResult>)> {
-        let shard_keys = self.keys.shard(shard);
-        let mut group_of: HashMap<&str, usize> = HashMap::new();
-        let mut group_keys: Vec<String> = Vec::new();
-        let mut group_args: Vec<Vec<u8>> = Vec::new();
-        let mut item_args: Vec<Vec<u8>> = Vec::with_capacity(indexes.len() * 3);
-        for &index in &indexes {
-            let item = &items[index];
-            let next = group_of.len() + 1;
-            let group = *group_of.entry(item.key.as_str()).or_insert_with(|| {
-                group_keys.push(self.keys.group(shard, &item.key));
-                group_args.push(item.key.as_bytes().to_vec());
-                group_args.push(item.policy.max_items.to_string().into_bytes());
-                group_args.push(
-                    (item.policy.max_wait.as_millis() as u64)
-                        .to_string()
-                        .into_bytes(),
-                );
-                group_args.push(item.policy.max_bytes.unwrap_or(0).to_string().into_bytes());
-                next
-            });
-            item_args.push(group.to_string().into_bytes());
-            item_args.push(item.item.id.clone());
-            item_args.push(item.item.payload.clone());
-        }
-        let mut keys: Vec<&str> = vec![&shard_keys.due, &shard_keys.stream, &shard_keys.flushed];
-        keys.extend(group_keys.iter().map(String::as_str));
-        let mut args = Vec::with_capacity(2 + group_args.len() + item_args.len());
-        args.push(self.dedup_ms.to_string().into_bytes());
-        args.push(group_keys.len().to_string().into_bytes());
-        args.extend(group_args);
-        args.extend(item_args);
-
-        let reply = self.run_script(&scripts::ADD_ITEMS, &keys, args).await?;
-        let [earliest, per_item] = take_array::<2>(reply, "add_items")?;
-        let earliest = int(&earliest)?;
-        let per_item = array(per_item)?;
-        if per_item.len() != indexes.len() {
-            return Err(DecodeError("add_items result count".into()).into());
-        }
-        let mut results = Vec::with_capacity(per_item.len());
-        for (value, &index) in per_item.into_iter().zip(&indexes) {
-            let [outcome, size, batch] = take_array::<3>(value, "add_items result")?;
-            let outcome = match int(&outcome)? {
-                1 => AddOutcome::Added,
-                2 => AddOutcome::Duplicate,
-                other => return Err(DecodeError(format!("add outcome {other}")).into()),
-            };
-            let flushed = match batch {
-                Value::Nil => None,
-                value => Some(batch_from_script(shard, &items[index].key, value)?),
-            };
-            results.push(AddResult {
-                outcome,
-                group_size: int(&size)? as u32,
-                flushed,
-            });
-        }
-        let earliest = (earliest > 0).then_some(earliest as u64);
-        Ok((shard, indexes, earliest, results))
     }
 
     /// Removes an item from its open group. Returns whether it was there, and
@@ -876,6 +831,148 @@ fn per_shard(ids: &[(u16, StreamId)]) -> HashMap<u16, Vec<StreamId>> {
         out.entry(*shard).or_default().push(*id);
     }
     out
+}
+
+/// Most items one merged add script call takes, so no call holds Redis for
+/// long; a single request's shard part is never split, whatever its size.
+const MERGE_LIMIT: usize = 1000;
+
+/// One request's part for one shard, waiting for its shard's writer.
+struct AddJob {
+    items: Vec<NewItem>,
+    reply: oneshot::Sender<Result<(Option<u64>, Vec<AddResult>)>>,
+}
+
+fn writer_gone() -> StoreError {
+    StoreError::Redis(RedisError::from((ErrorKind::Client, "shard writer stopped")))
+}
+
+/// Runs the add script for one shard, one call at a time. While a call is in
+/// flight, new jobs queue up; the next call takes all of them (up to
+/// `MERGE_LIMIT` items), so the batching costs no latency when idle and
+/// grows with load. Each job's items stay contiguous and in order, so a
+/// request's part is still applied atomically.
+struct AddWriter {
+    conn: ConnectionManager,
+    keys: Keyspace,
+    dedup_ms: u64,
+    shard: u16,
+}
+
+impl AddWriter {
+    async fn run(self, mut jobs: mpsc::UnboundedReceiver<AddJob>) {
+        while let Some(first) = jobs.recv().await {
+            let mut total = first.items.len();
+            let mut batch = vec![first];
+            while total < MERGE_LIMIT {
+                match jobs.try_recv() {
+                    Ok(job) => {
+                        total += job.items.len();
+                        batch.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let items: Vec<&NewItem> = batch.iter().flat_map(|job| job.items.iter()).collect();
+            match self.call(&items).await {
+                Ok((earliest, results)) => {
+                    let mut results = results.into_iter();
+                    for job in batch {
+                        let mine = results.by_ref().take(job.items.len()).collect();
+                        // A caller that went away no longer needs its reply.
+                        let _ = job.reply.send(Ok((earliest, mine)));
+                    }
+                }
+                Err(err) => {
+                    for job in batch {
+                        let _ = job.reply.send(Err(err.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One add script call for `items`, all of this shard, in order.
+    async fn call(&self, items: &[&NewItem]) -> Result<(Option<u64>, Vec<AddResult>)> {
+        let shard = self.shard;
+        let shard_keys = self.keys.shard(shard);
+        let mut group_of: HashMap<&str, usize> = HashMap::new();
+        let mut group_keys: Vec<String> = Vec::new();
+        let mut group_args: Vec<Vec<u8>> = Vec::new();
+        let mut item_args: Vec<Vec<u8>> = Vec::with_capacity(items.len() * 3);
+        for item in items {
+            let next = group_of.len() + 1;
+            let group = *group_of.entry(item.key.as_str()).or_insert_with(|| {
+                group_keys.push(self.keys.group(shard, &item.key));
+                group_args.push(item.key.as_bytes().to_vec());
+                group_args.push(item.policy.max_items.to_string().into_bytes());
+                group_args.push(
+                    (item.policy.max_wait.as_millis() as u64)
+                        .to_string()
+                        .into_bytes(),
+                );
+                group_args.push(item.policy.max_bytes.unwrap_or(0).to_string().into_bytes());
+                next
+            });
+            item_args.push(group.to_string().into_bytes());
+            item_args.push(item.item.id.clone());
+            item_args.push(item.item.payload.clone());
+        }
+        let mut keys: Vec<&str> = vec![&shard_keys.due, &shard_keys.stream, &shard_keys.flushed];
+        keys.extend(group_keys.iter().map(String::as_str));
+        let mut args = Vec::with_capacity(2 + group_args.len() + item_args.len());
+        args.push(self.dedup_ms.to_string().into_bytes());
+        args.push(group_keys.len().to_string().into_bytes());
+        args.extend(group_args);
+        args.extend(item_args);
+
+        let reply = invoke(&self.conn, &scripts::ADD_ITEMS, &keys, args).await?;
+        let [earliest, per_item] = take_array::<2>(reply, "add_items")?;
+        let earliest = int(&earliest)?;
+        let per_item = array(per_item)?;
+        if per_item.len() != items.len() {
+            return Err(DecodeError("add_items result count".into()).into());
+        }
+        let mut results = Vec::with_capacity(per_item.len());
+        for (value, item) in per_item.into_iter().zip(items) {
+            let [outcome, size, batch] = take_array::<3>(value, "add_items result")?;
+            let outcome = match int(&outcome)? {
+                1 => AddOutcome::Added,
+                2 => AddOutcome::Duplicate,
+                other => return Err(DecodeError(format!("add outcome {other}")).into()),
+            };
+            let flushed = match batch {
+                Value::Nil => None,
+                value => Some(batch_from_script(shard, &item.key, value)?),
+            };
+            results.push(AddResult {
+                outcome,
+                group_size: int(&size)? as u32,
+                flushed,
+            });
+        }
+        Ok(((earliest > 0).then_some(earliest as u64), results))
+    }
+}
+
+/// Runs a script with all of its keys in KEYS (checked, in debug builds, to
+/// share one cluster slot).
+async fn invoke(
+    conn: &ConnectionManager,
+    script: &redis::Script,
+    keys: &[&str],
+    args: Vec<Vec<u8>>,
+) -> Result<Value> {
+    debug_assert_one_slot(keys);
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(*key);
+    }
+    for arg in args {
+        invocation.arg(arg);
+    }
+    let mut conn = conn.clone();
+    Ok(invocation.invoke_async(&mut conn).await?)
 }
 
 /// Decodes the entries of an XRANGE or XREAD reply into batches.
