@@ -53,19 +53,24 @@
 //!    this overstates by 0–1 ms). Figure: p50/p99 over every delivery.
 //!    Target: p99 ≤ 5 ms. The service's RSS is sampled every 100 ms meanwhile.
 //! 5. **Scale.** 1k one-item groups (policy: max_items 1000, max_wait 1 h)
-//!    are opened, then 4 probers each add one item under a fresh key and
-//!    remove it again, 20k times in all (quick: 4k), so the probe opens a
-//!    group (the add path that also touches the due set) without changing
-//!    the count. Then groups are opened up to 1M (quick: 20k) and the probe
-//!    runs again. Figure: p99 Add latency at 1M / at 1k. Target: ≤ 1.25.
+//!    are opened and a fresh service is started over them. 4 probers then
+//!    each add one item under a fresh key and remove it again, 20k times in
+//!    all (quick: 4k) after a tenth as many unrecorded, so the probe opens a
+//!    group (the add path that also touches the due set) without changing the
+//!    count. That service then opens groups up to 1M (quick: 20k), and the
+//!    probe runs on another fresh service, so the two probes differ only in
+//!    the number of open groups (the probe on the service that did the
+//!    opening is reported too, as is Redis's time per script call during each
+//!    probe). Figure: p99 Add latency at 1M / at 1k. Target: ≤ 1.25.
 //! 6. **Redis memory per open group.** Redis `used_memory` after opening the
 //!    groups from 1k to 1M, minus before, divided by the groups opened (one
 //!    item each: 15-byte key, 25-byte id, 32-byte payload). Target: ≤ 400 bytes.
-//! 7. **Service RSS.** VmRSS of the service after the probe at 1k and at 1M
-//!    groups (same process), and the peak while streaming to 100 subscribers
-//!    (scenario 4). A fresh service started over the 1M groups is also probed
-//!    and reported. Target: RSS must not grow with open groups; held when RSS
-//!    at 1M ≤ 1.25× RSS at 1k.
+//! 7. **Service RSS.** VmRSS of a fresh service after the probe, over 1k and
+//!    over 1M open groups: the same history, so a difference could only be
+//!    state held per open group. Also reported: the RSS of the service that
+//!    opened the 1M groups, after its probe, and the peak RSS while streaming
+//!    to 100 subscribers (scenario 4, sampled every 100 ms). Target: RSS must
+//!    not grow with open groups; held when RSS at 1M ≤ 1.25× RSS at 1k.
 
 #[path = "batcher_bench/ceiling.rs"]
 mod ceiling;
@@ -108,9 +113,14 @@ struct Args {
     #[arg(long, value_name = "ADDR", requires = "redis_url")]
     service: Option<SocketAddr>,
     /// Where to write the report [default: BENCHMARKS.md in the repository;
-    /// with --quick, target/BENCHMARKS.quick.md].
+    /// with --quick, target/BENCHMARKS.quick.md; with --only,
+    /// target/BENCHMARKS.partial.md].
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
+    /// Run only these scenarios (comma-separated: ceiling,1,2,3,4,5,6,7;
+    /// 5, 6 and 7 run together), e.g. to profile one of them.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    only: Vec<String>,
     /// Print the service config the bench runs, and exit.
     #[arg(long)]
     print_config: bool,
@@ -317,33 +327,58 @@ async fn wait_ready(addr: SocketAddr) -> Result<(), String> {
     Err(format!("the service at {addr} is not ready: {last}"))
 }
 
-/// Runs a scenario with a time limit, turning a failure into a NOT RUN row.
-async fn attempt<T>(
-    name: &str,
-    limit: Duration,
-    failed: &mut bool,
-    rows: &mut Vec<Row>,
-    future: impl Future<Output = Result<T, String>>,
-) -> Option<T> {
-    eprintln!("batcher-bench: {name} ...");
-    let started = Instant::now();
-    let result = match tokio::time::timeout(limit, future).await {
-        Ok(result) => result,
-        Err(_) => Err(format!("did not finish within {} s", limit.as_secs())),
-    };
-    match result {
-        Ok(value) => {
-            eprintln!(
-                "batcher-bench: {name} done in {:.1} s",
-                started.elapsed().as_secs_f64()
-            );
-            Some(value)
-        }
-        Err(e) => {
-            eprintln!("batcher-bench: {name} could not run: {e}");
-            *failed = true;
-            rows.push(Row::not_run(name, &e));
-            None
+/// The table rows and notes collected so far, and whether any scenario could
+/// not run.
+struct Runner {
+    rows: Vec<Row>,
+    notes: Vec<String>,
+    failed: bool,
+    /// Scenario ids given to --only; empty for all.
+    only: Vec<String>,
+}
+
+impl Runner {
+    fn wants(&self, id: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == id)
+    }
+
+    /// Records a scenario that could not run, as a NOT RUN row.
+    fn not_run(&mut self, name: &str, error: &str) {
+        eprintln!("batcher-bench: {name} could not run: {error}");
+        self.failed = true;
+        self.rows.push(Row::not_run(name, error));
+    }
+
+    /// The target of a scenario, or a NOT RUN row when it could not be set up.
+    fn setup(&mut self, name: &str, target: Result<Target, String>) -> Option<Target> {
+        target.map_err(|e| self.not_run(name, &e)).ok()
+    }
+
+    /// Runs a scenario with a time limit; a failure becomes a NOT RUN row.
+    async fn attempt<T>(
+        &mut self,
+        name: &str,
+        limit: Duration,
+        future: impl Future<Output = Result<T, String>>,
+    ) -> Option<T> {
+        eprintln!("batcher-bench: {name} ...");
+        let started = Instant::now();
+        let result = match tokio::time::timeout(limit, future).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("did not finish within {} s", limit.as_secs())),
+        };
+        match result {
+            Ok(value) => {
+                eprintln!(
+                    "batcher-bench: {name} done in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                );
+                Some(value)
+            }
+            Err(e) => {
+                self.not_run(name, &e);
+                None
+            }
         }
     }
 }
@@ -360,17 +395,34 @@ fn ratio(value: f64, reference: f64) -> f64 {
     }
 }
 
-/// Runs every scenario, prints the table and writes the report.
+/// "0.53×" and PASS when `value` is at least `factor` times `reference`.
+fn versus(value: f64, reference: Option<f64>, factor: f64) -> (String, Verdict) {
+    match reference {
+        Some(reference) => {
+            let r = ratio(value, reference);
+            (format!("{r:.2}×"), Verdict::of(r >= factor))
+        }
+        None => ("n/a (no ceiling)".to_string(), Verdict::Info),
+    }
+}
+
+/// Runs every scenario (or those --only names), prints the table and writes the report.
 async fn bench(args: Args) -> ExitCode {
     let started = Instant::now();
+    let load_before = std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into());
     let sizes = Sizes::new(args.quick);
     let run_tag = format!(
         "{:04x}",
         (std::process::id() ^ (load::now_micros() as u32)) & 0xffff
     );
-    let mut rows: Vec<Row> = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
-    let mut failed = false;
+    let mut runner = Runner {
+        rows: Vec::new(),
+        notes: Vec::new(),
+        failed: false,
+        only: args.only.clone(),
+    };
 
     let redis = match &args.redis_url {
         Some(_) => None,
@@ -405,300 +457,147 @@ async fn bench(args: Args) -> ExitCode {
     let redis_pid = env.redis.as_ref().map(RedisServer::pid);
     let redis_version = redis_version(&redis_url).await;
     if env.redis.is_none() {
-        notes.push(format!(
+        runner.notes.push(format!(
             "Redis was external ({redis_url}): it was not flushed between scenarios, so \
              memory and latency figures include whatever else it holds."
         ));
     }
 
-    // Ceiling.
-    let script_args = ceiling::ScriptArgs {
-        policy: config.policies().resolve(&load::key("am", &run_tag, 0)),
-        dedup: config.dedup.window,
-    };
-    let seconds = if args.quick { 1.5 } else { 5.0 };
-    let ceiling = attempt(
-        "ceiling (redis-benchmark)",
-        Duration::from_secs(120),
-        &mut failed,
-        &mut rows,
-        ceiling::run(&redis_url, redis_pid, &script_args, seconds, &run_tag),
-    )
-    .await;
-    if let Some(c) = &ceiling {
-        for (label, run) in [("no pipelining", &c.unpipelined), ("-P 16", &c.pipelined)] {
-            rows.push(Row::new(
-                format!("ceiling: EVALSHA add_items, 50 clients, {label}"),
-                format!("{:.0} calls/s", run.ops_per_sec),
-                "reference",
-                "",
-                Verdict::Info,
-            ));
-            let check = if run.added == run.issued {
-                "every call added its item".to_string()
-            } else {
-                format!("only {} of {} calls added an item", run.added, run.issued)
-            };
-            notes.push(format!(
-                "Ceiling, {label}: {:.0} calls/s over {} calls ({check}); CPU {}. Command: `{}`",
-                run.ops_per_sec,
-                run.issued,
-                if run.cpu.is_empty() { "n/a" } else { &run.cpu },
-                run.command
-            ));
+    let mut ceiling = None;
+    if runner.wants("ceiling") {
+        let script_args = ceiling::ScriptArgs {
+            policy: config.policies().resolve(&load::key("am", &run_tag, 0)),
+            dedup: config.dedup.window,
+        };
+        let seconds = if args.quick { 1.5 } else { 5.0 };
+        let run = ceiling::run(&redis_url, redis_pid, &script_args, seconds, &run_tag);
+        ceiling = runner
+            .attempt("ceiling (redis-benchmark)", Duration::from_secs(120), run)
+            .await;
+        if let Some(c) = &ceiling {
+            report_ceiling(&mut runner, c);
         }
     }
     let unpipelined = ceiling.as_ref().map(|c| c.unpipelined.ops_per_sec);
     let pipelined = ceiling.as_ref().map(|c| c.pipelined.ops_per_sec);
-    let versus = |value: f64, reference: Option<f64>, factor: f64| match reference {
-        Some(reference) => {
-            let r = ratio(value, reference);
-            (format!("{r:.2}×"), Verdict::of(r >= factor))
-        }
-        None => ("n/a".to_string(), Verdict::Info),
-    };
 
-    // 1. AddMany ingest.
     let name = "1. ingest via AddMany (100 items/call, 10k keys)";
-    let result = match env.fresh(true).await {
-        Ok(target) => {
-            attempt(
+    if runner.wants("1")
+        && let Some(target) = runner.setup(name, env.fresh(true).await)
+    {
+        let run = scenarios::ingest_add_many(&target, &sizes, &run_tag);
+        if let Some(r) = runner.attempt(name, Duration::from_secs(120), run).await {
+            let per_sec = r.stats.per_sec();
+            let (ratio, verdict) = versus(per_sec, pipelined, 1.0);
+            runner.rows.push(Row::new(
                 name,
-                Duration::from_secs(120),
-                &mut failed,
-                &mut rows,
-                scenarios::ingest_add_many(&target, &sizes, &run_tag),
-            )
-            .await
-        }
-        Err(e) => fail(name, &e, &mut failed, &mut rows),
-    };
-    if let Some(r) = result {
-        let per_sec = r.stats.per_sec();
-        let (ratio, verdict) = versus(per_sec, pipelined, 1.0);
-        rows.push(Row::new(
-            name,
-            format!("{per_sec:.0} items/s"),
-            "≥ 1.0× pipelined ceiling",
-            ratio,
-            verdict,
-        ));
-        notes.push(format!(
-            "1. AddMany: {} items in {:.0} s, call latency p50 {:.1} ms, p99 {:.1} ms; CPU {}{}.",
-            r.stats.added,
-            r.stats.window.as_secs_f64(),
-            load::ms(&r.stats.latency, 0.5),
-            load::ms(&r.stats.latency, 0.99),
-            r.cpu,
-            r.stats.error_note()
-        ));
-    }
-
-    // 2. Unary Add ingest.
-    let name = "2. ingest via unary Add (64 callers)";
-    let result = match env.fresh(true).await {
-        Ok(target) => {
-            attempt(
-                name,
-                Duration::from_secs(120),
-                &mut failed,
-                &mut rows,
-                scenarios::ingest_add(&target, &sizes, &run_tag),
-            )
-            .await
-        }
-        Err(e) => fail(name, &e, &mut failed, &mut rows),
-    };
-    if let Some(r) = result {
-        let per_sec = r.stats.per_sec();
-        let (ratio, verdict) = versus(per_sec, unpipelined, 0.5);
-        rows.push(Row::new(
-            name,
-            format!(
-                "{per_sec:.0} adds/s (p50 {:.1} ms, p99 {:.1} ms)",
+                format!("{per_sec:.0} items/s"),
+                "≥ 1.0× pipelined ceiling",
+                ratio,
+                verdict,
+            ));
+            runner.notes.push(format!(
+                "1. AddMany: {} items in {:.0} s, call latency p50 {:.1} ms, p99 {:.1} ms; \
+                 CPU {}{}.",
+                r.stats.added,
+                r.stats.window.as_secs_f64(),
                 load::ms(&r.stats.latency, 0.5),
-                load::ms(&r.stats.latency, 0.99)
-            ),
-            "≥ 0.5× unpipelined ceiling",
-            ratio,
-            verdict,
-        ));
-        notes.push(format!(
-            "2. Add: {} adds in {:.0} s; CPU {}{}.",
-            r.stats.added,
-            r.stats.window.as_secs_f64(),
-            r.cpu,
-            r.stats.error_note()
-        ));
+                load::ms(&r.stats.latency, 0.99),
+                r.cpu,
+                r.stats.error_note()
+            ));
+        }
     }
 
-    // 3. Timeout precision.
+    let name = "2. ingest via unary Add (64 callers)";
+    if runner.wants("2")
+        && let Some(target) = runner.setup(name, env.fresh(true).await)
+    {
+        let run = scenarios::ingest_add(&target, &sizes, &run_tag);
+        if let Some(r) = runner.attempt(name, Duration::from_secs(120), run).await {
+            let per_sec = r.stats.per_sec();
+            let (ratio, verdict) = versus(per_sec, unpipelined, 0.5);
+            runner.rows.push(Row::new(
+                name,
+                format!(
+                    "{per_sec:.0} adds/s (p50 {:.1} ms, p99 {:.1} ms)",
+                    load::ms(&r.stats.latency, 0.5),
+                    load::ms(&r.stats.latency, 0.99)
+                ),
+                "≥ 0.5× unpipelined ceiling",
+                ratio,
+                verdict,
+            ));
+            runner.notes.push(format!(
+                "2. Add: {} adds in {:.0} s; CPU {}{}.",
+                r.stats.added,
+                r.stats.window.as_secs_f64(),
+                r.cpu,
+                r.stats.error_note()
+            ));
+        }
+    }
+
     let name = format!(
         "3. timeout lateness ({}k groups, due over {} s)",
         sizes.precision_groups / 1000,
         sizes.precision_waits.len() as u64 * sizes.precision_waits[0].as_secs()
     );
-    let result = match env.fresh(true).await {
-        Ok(target) => {
-            attempt(
-                &name,
-                Duration::from_secs(180),
-                &mut failed,
-                &mut rows,
-                scenarios::timeout_precision(&target, &sizes, &run_tag),
-            )
-            .await
+    if runner.wants("3")
+        && let Some(target) = runner.setup(&name, env.fresh(true).await)
+    {
+        let run = scenarios::timeout_precision(&target, &sizes, &run_tag);
+        if let Some(r) = runner.attempt(&name, Duration::from_secs(180), run).await {
+            report_precision(&mut runner, &name, &r);
         }
-        Err(e) => fail(&name, &e, &mut failed, &mut rows),
-    };
-    if let Some(r) = result {
-        let (p50, p99, max) = (
-            load::ms(&r.lateness, 0.5),
-            load::ms(&r.lateness, 0.99),
-            r.lateness.max() as f64 / 1000.0,
-        );
-        rows.push(Row::new(
-            &name,
-            format!(
-                "p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms, missed {} of {}",
-                r.missed, r.groups
-            ),
-            "p99 ≤ 5 ms, max ≤ 25 ms, none missed",
-            "",
-            Verdict::of(p99 <= 5.0 && max <= 25.0 && r.missed == 0),
-        ));
-        notes.push(format!(
-            "3. Timeout precision: {} groups opened in {:.1} s, {} batches received, \
-             {} duplicate batches, {} early or non-TIMEOUT batches; CPU over the run {}{}.",
-            r.groups,
-            r.open_secs,
-            r.received,
-            r.duplicates,
-            r.anomalies,
-            if r.cpu.is_empty() { "n/a" } else { &r.cpu },
-            r.open_errors
-        ));
     }
 
-    // 4. Flush to subscriber.
     let name = "4. flush-to-subscriber latency (100 subscribers)";
-    let result = match env.fresh(true).await {
-        Ok(target) => {
-            attempt(
-                name,
-                Duration::from_secs(120),
-                &mut failed,
-                &mut rows,
-                scenarios::fanout(&target, &sizes, &run_tag),
-            )
-            .await
-        }
-        Err(e) => fail(name, &e, &mut failed, &mut rows),
-    };
     let mut streaming_rss = None;
-    if let Some(r) = result {
-        let p99 = load::ms(&r.latency, 0.99);
-        rows.push(Row::new(
-            name,
-            format!("p50 {:.1} ms, p99 {p99:.1} ms", load::ms(&r.latency, 0.5)),
-            "p99 ≤ 5 ms",
-            "",
-            Verdict::of(p99 <= 5.0),
-        ));
-        notes.push(format!(
-            "4. Fan-out: {} batches × {} subscribers, {} of {} deliveries received, max \
-             latency {:.1} ms; CPU {}{}.",
-            r.batches,
-            r.subscribers,
-            r.delivered,
-            r.batches * r.subscribers as u64,
-            r.latency.max() as f64 / 1000.0,
-            r.cpu,
-            r.errors
-        ));
-        streaming_rss = r.rss_max_kib;
+    if runner.wants("4")
+        && let Some(target) = runner.setup(name, env.fresh(true).await)
+    {
+        let run = scenarios::fanout(&target, &sizes, &run_tag);
+        if let Some(r) = runner.attempt(name, Duration::from_secs(120), run).await {
+            let p99 = load::ms(&r.latency, 0.99);
+            runner.rows.push(Row::new(
+                name,
+                format!("p50 {:.1} ms, p99 {p99:.1} ms", load::ms(&r.latency, 0.5)),
+                "p99 ≤ 5 ms",
+                "",
+                Verdict::of(p99 <= 5.0),
+            ));
+            runner.notes.push(format!(
+                "4. Fan-out: {} batches × {} subscribers, {} of {} deliveries received, max \
+                 latency {:.1} ms; CPU {}{}.",
+                r.batches,
+                r.subscribers,
+                r.delivered,
+                r.batches * r.subscribers as u64,
+                r.latency.max() as f64 / 1000.0,
+                r.cpu,
+                r.errors
+            ));
+            streaming_rss = r.rss_max_kib;
+        }
     }
 
-    // 5-7. Scale, memory, RSS.
     let name = format!(
         "5. Add latency p99, {}k vs 1k open groups",
         sizes.scale_large / 1000
     );
-    let result = attempt(
-        &name,
-        Duration::from_secs(300),
-        &mut failed,
-        &mut rows,
-        scale(&mut env, &sizes, &run_tag),
-    )
-    .await;
-    if let Some(r) = result {
-        let (small, large) = (
-            load::ms(&r.probe_small, 0.99),
-            load::ms(&r.probe_large, 0.99),
-        );
-        let scale_ratio = ratio(large, small);
-        rows.push(Row::new(
-            &name,
-            format!("p99 {large:.2} ms vs {small:.2} ms"),
-            "ratio ≤ 1.25",
-            format!("{scale_ratio:.2}×"),
-            Verdict::of(scale_ratio <= 1.25),
-        ));
-        let per_group =
-            (r.memory_after as f64 - r.memory_before as f64) / (r.large - r.small) as f64;
-        rows.push(Row::new(
-            "6. Redis memory per open group",
-            format!("{per_group:.0} bytes"),
-            "≤ 400 bytes",
-            "",
-            Verdict::of(per_group <= 400.0),
-        ));
-        match (r.rss_small, r.rss_large) {
-            (Some(rss_small), Some(rss_large)) => {
-                let rss_ratio = ratio(rss_large as f64, rss_small as f64);
-                rows.push(Row::new(
-                    format!("7. service RSS, {}k vs 1k open groups", r.large / 1000),
-                    format!(
-                        "{} vs {}; {} after ingesting them; {} streaming to 100 subscribers",
-                        mib(rss_large),
-                        mib(rss_small),
-                        r.rss_after_ingest.map_or("n/a".into(), mib),
-                        streaming_rss.map_or("n/a".into(), mib)
-                    ),
-                    "must not grow with open groups (≤ 1.25×)",
-                    format!("{rss_ratio:.2}×"),
-                    Verdict::of(rss_ratio <= 1.25),
-                ));
-            }
-            _ => rows.push(Row::new(
-                "7. service RSS",
-                "n/a (external service)",
-                "report",
-                "",
-                Verdict::Info,
-            )),
+    if ["5", "6", "7"].iter().any(|id| runner.wants(id)) {
+        let run = scale(&mut env, &sizes, &run_tag);
+        if let Some(r) = runner.attempt(&name, Duration::from_secs(300), run).await {
+            report_scale(&mut runner, &name, &r, streaming_rss);
         }
-        notes.push(format!(
-            "5-7. Groups {}k → {}k opened at {:.0} groups/s (CPU {}); Add latency p50 {:.2} ms \
-             at 1k, {:.2} ms at {}k; Redis used_memory {:.1} MiB → {:.1} MiB.",
-            r.small / 1000,
-            r.large / 1000,
-            r.fill_per_sec,
-            r.fill_cpu,
-            load::ms(&r.probe_small, 0.5),
-            load::ms(&r.probe_large, 0.5),
-            r.large / 1000,
-            r.memory_before as f64 / 1048576.0,
-            r.memory_after as f64 / 1048576.0,
-        ));
     }
     env.service = None;
 
     // Report.
-    let table = report::text_table(&rows);
-    println!("\n{table}");
-    for note in &notes {
+    let (rows, notes) = (&runner.rows, &runner.notes);
+    println!("\n{}", report::text_table(rows));
+    for note in notes {
         println!("- {note}");
     }
     let command = command_line();
@@ -707,14 +606,17 @@ async fn bench(args: Args) -> ExitCode {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         if args.quick {
             root.join("target").join("BENCHMARKS.quick.md")
+        } else if !args.only.is_empty() {
+            root.join("target").join("BENCHMARKS.partial.md")
         } else {
             root.join("BENCHMARKS.md")
         }
     });
     let document = report::Document {
-        rows: &rows,
-        notes: &notes,
+        rows,
+        notes,
         machine: &machine,
+        load_before: &load_before,
         command: &command,
         date: &report::utc_now(),
         mode: if args.quick {
@@ -724,12 +626,13 @@ async fn bench(args: Args) -> ExitCode {
         },
         redis_version: &redis_version,
         commit: &git_commit(),
-        config: &config_text.replace(&redis_url, "<bench's own redis-server>"),
+        config: &config_text.replace(&redis_url, "<the bench's own redis-server>"),
         method: METHOD,
     };
     if let Some(dir) = out.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
+    let mut failed = runner.failed;
     match std::fs::write(&out, document.render()) {
         Ok(()) => println!(
             "\nwrote {} ({:.0} s in all)",
@@ -748,13 +651,144 @@ async fn bench(args: Args) -> ExitCode {
     }
 }
 
+/// The two ceiling rows, and their commands and checks in the notes.
+fn report_ceiling(runner: &mut Runner, c: &ceiling::Ceiling) {
+    for (label, run) in [("no pipelining", &c.unpipelined), ("-P 16", &c.pipelined)] {
+        runner.rows.push(Row::new(
+            format!("ceiling: EVALSHA add_items, 50 clients, {label}"),
+            format!("{:.0} calls/s", run.ops_per_sec),
+            "reference",
+            "",
+            Verdict::Info,
+        ));
+        let check = if run.added == run.issued {
+            "every call added its item".to_string()
+        } else {
+            format!("only {} of {} calls added an item", run.added, run.issued)
+        };
+        runner.notes.push(format!(
+            "Ceiling, {label}: {:.0} calls/s over {} calls ({check}); CPU {}. Command: `{}`",
+            run.ops_per_sec,
+            run.issued,
+            if run.cpu.is_empty() { "n/a" } else { &run.cpu },
+            run.command
+        ));
+    }
+}
+
+fn report_precision(runner: &mut Runner, name: &str, r: &scenarios::Precision) {
+    let (p50, p99, max) = (
+        load::ms(&r.lateness, 0.5),
+        load::ms(&r.lateness, 0.99),
+        r.lateness.max() as f64 / 1000.0,
+    );
+    runner.rows.push(Row::new(
+        name,
+        format!(
+            "p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms, missed {} of {}",
+            r.missed, r.groups
+        ),
+        "p99 ≤ 5 ms, max ≤ 25 ms, none missed",
+        "",
+        Verdict::of(p99 <= 5.0 && max <= 25.0 && r.missed == 0),
+    ));
+    runner.notes.push(format!(
+        "3. Timeout precision: {} groups opened in {:.1} s, {} batches received, \
+         {} duplicate batches, {} early or non-TIMEOUT batches; CPU over the run {}{}.",
+        r.groups, r.open_secs, r.received, r.duplicates, r.anomalies, r.cpu, r.open_errors
+    ));
+}
+
+fn report_scale(runner: &mut Runner, name: &str, r: &ScaleResult, streaming_rss: Option<u64>) {
+    let (small, large) = (
+        load::ms(&r.probe_small.latency, 0.99),
+        load::ms(&r.probe_large.latency, 0.99),
+    );
+    let scale_ratio = ratio(large, small);
+    if runner.wants("5") {
+        runner.rows.push(Row::new(
+            name,
+            format!("p99 {large:.2} ms vs {small:.2} ms"),
+            "ratio ≤ 1.25",
+            format!("{scale_ratio:.2}×"),
+            Verdict::of(scale_ratio <= 1.25),
+        ));
+    }
+    let per_group = (r.memory_after as f64 - r.memory_before as f64) / (r.large - r.small) as f64;
+    if runner.wants("6") {
+        runner.rows.push(Row::new(
+            "6. Redis memory per open group",
+            format!("{per_group:.0} bytes"),
+            "≤ 400 bytes",
+            "",
+            Verdict::of(per_group <= 400.0),
+        ));
+    }
+    let name = format!("7. service RSS, {}k vs 1k open groups", r.large / 1000);
+    match (r.rss_small, r.rss_large) {
+        _ if !runner.wants("7") => {}
+        (Some(rss_small), Some(rss_large)) => {
+            let rss_ratio = ratio(rss_large as f64, rss_small as f64);
+            runner.rows.push(Row::new(
+                name,
+                format!(
+                    "{} vs {}; {} after ingesting them; {} streaming to 100 subscribers",
+                    mib(rss_large),
+                    mib(rss_small),
+                    r.rss_after_ingest.map_or("n/a".into(), mib),
+                    streaming_rss.map_or("n/a".into(), mib)
+                ),
+                "must not grow with open groups (≤ 1.25×)",
+                format!("{rss_ratio:.2}×"),
+                Verdict::of(rss_ratio <= 1.25),
+            ));
+        }
+        _ => runner.rows.push(Row::new(
+            name,
+            "n/a (external service)",
+            "report",
+            "",
+            Verdict::Info,
+        )),
+    }
+    let p50 = |p: &Probe| load::ms(&p.latency, 0.5);
+    let p99 = |p: &Probe| load::ms(&p.latency, 0.99);
+    runner.notes.push(format!(
+        "5-7. Groups {}k → {}k opened at {:.0} groups/s (CPU {}). Add latency on a fresh \
+         service: p50 {:.2} ms, p99 {:.2} ms at 1k; p50 {:.2} ms, p99 {:.2} ms at {}k. On the \
+         service that had just opened them: p50 {:.2} ms, p99 {:.2} ms. Redis time per script \
+         call (add or remove) during these probes: {:.1} µs, {:.1} µs, {:.1} µs. Redis \
+         used_memory {:.1} MiB → {:.1} MiB.",
+        r.small / 1000,
+        r.large / 1000,
+        r.fill_per_sec,
+        r.fill_cpu,
+        p50(&r.probe_small),
+        p99(&r.probe_small),
+        p50(&r.probe_large),
+        p99(&r.probe_large),
+        r.large / 1000,
+        p50(&r.probe_after_ingest),
+        p99(&r.probe_after_ingest),
+        r.probe_small.redis_us_per_call,
+        r.probe_large.redis_us_per_call,
+        r.probe_after_ingest.redis_us_per_call,
+        r.memory_before as f64 / 1048576.0,
+        r.memory_after as f64 / 1048576.0,
+    ));
+}
+
 /// What scenarios 5 to 7 measured.
 struct ScaleResult {
     small: usize,
     large: usize,
-    /// Add latency (µs) with `small` and with `large` open groups.
-    probe_small: Histogram<u64>,
-    probe_large: Histogram<u64>,
+    /// Add latency (µs) of the probe on a fresh service over `small` and over
+    /// `large` open groups: the same service history, so the number of open
+    /// groups is the only difference.
+    probe_small: Probe,
+    probe_large: Probe,
+    /// The probe on the service that had just opened the `large` groups.
+    probe_after_ingest: Probe,
     /// Redis used_memory before and after opening `large - small` groups.
     memory_before: u64,
     memory_after: u64,
@@ -768,32 +802,51 @@ struct ScaleResult {
     fill_cpu: String,
 }
 
-/// Scenarios 5 to 7 on one growing set of groups: open 1k, probe and read RSS
-/// on a fresh service, open up to 1M with Redis memory read around it, probe
-/// again, then read RSS of another fresh service after the same probe.
-/// Restarts the service, so it runs on the main future (see procs.rs).
+/// A probe's Add latency, and the Redis time per script call meanwhile, which
+/// tells Redis's share of a latency change from the rest of the path.
+struct Probe {
+    latency: Histogram<u64>,
+    redis_us_per_call: f64,
+}
+
+async fn probe(target: &Target, run: &str, round: char, total: usize) -> Result<Probe, String> {
+    let (calls, usec) = scenarios::script_stats(&target.redis_url).await?;
+    let latency = scenarios::probe(target, run, round, total).await?;
+    let (calls_after, usec_after) = scenarios::script_stats(&target.redis_url).await?;
+    Ok(Probe {
+        latency,
+        redis_us_per_call: (usec_after - usec) as f64 / (calls_after - calls).max(1) as f64,
+    })
+}
+
+/// Scenarios 5 to 7 on one growing set of groups: open 1k; on a fresh
+/// service, probe and read RSS; open up to 1M with Redis memory read around
+/// it and probe again on that service; then probe and read RSS on another
+/// fresh service. Restarts the service, so it runs on the main future (see
+/// procs.rs).
 async fn scale(env: &mut Env, sizes: &Sizes, run: &str) -> Result<ScaleResult, String> {
     let (small, large) = (sizes.scale_small, sizes.scale_large);
     let target = env.fresh(true).await?;
     scenarios::open_groups(&target, 0..small, run, 10).await?;
 
     let target = env.fresh(false).await?;
-    let probe_small = scenarios::probe(&target, run, 'p', sizes.probes).await?;
+    let probe_small = probe(&target, run, 'p', sizes.probes).await?;
     let rss_small = target.rss();
     let memory_before = scenarios::used_memory(&target.redis_url).await?;
     let (fill_per_sec, fill_cpu) = scenarios::open_groups(&target, small..large, run, 16).await?;
     let memory_after = scenarios::used_memory(&target.redis_url).await?;
-    let probe_large = scenarios::probe(&target, run, 'q', sizes.probes).await?;
+    let probe_after_ingest = probe(&target, run, 'q', sizes.probes).await?;
     let rss_after_ingest = target.rss();
 
     let target = env.fresh(false).await?;
-    scenarios::probe(&target, run, 'r', sizes.probes).await?;
+    let probe_large = probe(&target, run, 'r', sizes.probes).await?;
     let rss_large = target.rss();
     Ok(ScaleResult {
         small,
         large,
         probe_small,
         probe_large,
+        probe_after_ingest,
         memory_before,
         memory_after,
         rss_small,
@@ -802,14 +855,6 @@ async fn scale(env: &mut Env, sizes: &Sizes, run: &str) -> Result<ScaleResult, S
         fill_per_sec,
         fill_cpu,
     })
-}
-
-/// Records a scenario whose setup failed.
-fn fail<T>(name: &str, error: &str, failed: &mut bool, rows: &mut Vec<Row>) -> Option<T> {
-    eprintln!("batcher-bench: {name} could not start: {error}");
-    *failed = true;
-    rows.push(Row::not_run(name, error));
-    None
 }
 
 /// The command that reproduces this run.
@@ -892,11 +937,13 @@ const METHOD: &str = "\
   ms, so figures overstate by up to 1 ms), over every delivery.
 - **5. Scale**: 4 probers each Add one item under a fresh key (opening a group) and Remove \
   it, so the number of open groups stays put; p99 Add latency with 1M open one-item groups \
-  (quick: 20k) over p99 with 1k.
+  (quick: 20k) over p99 with 1k, each on a freshly started service.
 - **6. Memory**: (Redis `used_memory` after opening the groups from 1k to 1M − before) / groups \
   opened; each group holds one item: 15-byte key, 25-byte id, 32-byte payload.
-- **7. RSS**: service VmRSS after the probe at 1k and at 1M open groups (same process), and its \
-  peak while streaming to the 100 subscribers of scenario 4.
+- **7. RSS**: VmRSS of a freshly started service after the same probe, over 1k and over 1M \
+  open groups (same history, so a difference would be per-group state); also the RSS of the \
+  service that ingested the 1M groups, and the peak while streaming to the 100 subscribers of \
+  scenario 4.
 - CPU figures are the user+system time of each process over the measured window, in percent \
   of one core.
 ";

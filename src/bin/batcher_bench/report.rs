@@ -165,6 +165,8 @@ pub struct Document<'a> {
     pub rows: &'a [Row],
     pub notes: &'a [String],
     pub machine: &'a Machine,
+    /// /proc/loadavg when the run started: other load makes figures noisy.
+    pub load_before: &'a str,
     pub command: &'a str,
     pub date: &'a str,
     pub mode: &'a str,
@@ -207,6 +209,11 @@ impl Document<'_> {
             out,
             "- Machine: {} cores, {}",
             self.machine.cores, self.machine.cpu_model
+        );
+        let _ = writeln!(
+            out,
+            "- Load average when the run started: {}",
+            self.load_before
         );
         let _ = writeln!(out, "- redis-server: {}", self.redis_version);
         let _ = writeln!(out, "- Commit: {}\n", self.commit);

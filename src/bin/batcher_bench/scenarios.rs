@@ -13,8 +13,8 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use super::load::{
-    Client, Done, LoadStats, Rng, add_request, added, closed_loop, connect, connect_many, fill,
-    histogram, id, key, now_micros, record, ts_micros,
+    Done, LoadStats, Rng, add_request, added, closed_loop, connect, connect_many, fill, histogram,
+    id, key, now_micros, record, ts_micros,
 };
 use super::procs::{CpuMeter, rss_kib};
 
@@ -566,4 +566,31 @@ pub async fn used_memory(url: &str) -> Result<u64, String> {
         .find_map(|l| l.strip_prefix("used_memory:"))
         .and_then(|v| v.trim().parse().ok())
         .ok_or_else(|| "INFO memory has no used_memory".to_string())
+}
+
+/// Calls and total microseconds of EVALSHA so far, from INFO commandstats.
+pub async fn script_stats(url: &str) -> Result<(u64, u64), String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("redis: {e}"))?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| format!("INFO commandstats: {e}"))?;
+    let Some(line) = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+    else {
+        return Ok((0, 0));
+    };
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok((field("calls"), field("usec")))
 }
