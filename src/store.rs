@@ -140,7 +140,11 @@ impl Store {
         dedup_window: Duration,
         timeouts: Timeouts,
     ) -> Result<Store> {
-        let client = redis::Client::open(url)?;
+        // No Nagle: every command is a small write that must not wait for
+        // Redis's delayed ACK (redis-rs leaves TCP_NODELAY off by default).
+        let info = redis::IntoConnectionInfo::into_connection_info(url)?
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let client = redis::Client::open(info)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.response))
