@@ -35,40 +35,53 @@ for a = 3 + 4 * ngroups, #ARGV, 3 do
   local gkey = KEYS[3 + tonumber(ARGV[a])]
   local id, payload = ARGV[a + 1], ARGV[a + 2]
   local field = ':' .. id
-  local size = tonumber(redis.call('HGET', gkey, 'n') or '0')
+  -- The group's counters, read once per call and kept current here, so each
+  -- item costs few Redis calls.
+  if not g.size then
+    local m = redis.call('HMGET', gkey, 'n', 'b', 's')
+    g.size, g.bytes, g.seq = tonumber(m[1] or '0'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
+  end
 
-  local dup = size > 0 and redis.call('HEXISTS', gkey, field) == 1
+  local until_ms = redis.call('ZSCORE', flushed_key, flushed_member(g.key, id))
+  local dup = until_ms and tonumber(until_ms) > now
   if not dup then
-    local until_ms = redis.call('ZSCORE', flushed_key, flushed_member(g.key, id))
-    dup = until_ms and tonumber(until_ms) > now
+    if g.size == 0 then
+      local due = now + g.max_wait
+      redis.call('HSET', gkey, 'o', now, 'd', due, 'n', 1, 'b', #payload, 's', 1, field, '1,' .. payload)
+      redis.call('ZADD', due_key, due, g.key)
+      if earliest == 0 or due < earliest then earliest = due end
+      g.size, g.bytes, g.seq = 1, #payload, 1
+    elseif redis.call('HSETNX', gkey, field, (g.seq + 1) .. ',' .. payload) == 0 then
+      dup = true
+    else
+      g.size, g.bytes, g.seq = g.size + 1, g.bytes + #payload, g.seq + 1
+      redis.call('HSET', gkey, 'n', g.size, 'b', g.bytes, 's', g.seq)
+    end
   end
 
   if dup then
-    results[#results + 1] = { 2, size, false }
+    results[#results + 1] = { 2, g.size, false }
   else
-    if size == 0 then
-      local due = now + g.max_wait
-      redis.call('HSET', gkey, 'o', now, 'd', due, 'n', 0, 'b', 0, 's', 0)
-      redis.call('ZADD', due_key, due, g.key)
-      if earliest == 0 or due < earliest then earliest = due end
-    end
-    local seq = redis.call('HINCRBY', gkey, 's', 1)
-    redis.call('HSET', gkey, field, seq .. ',' .. payload)
-    size = redis.call('HINCRBY', gkey, 'n', 1)
-    local bytes = redis.call('HINCRBY', gkey, 'b', #payload)
-
     local batch = false
-    if size >= g.max_items then
+    if g.size >= g.max_items then
       -- Normally one pass. More only when max_items was lowered by a reload
       -- while the group was open: it is then cut into batches of max_items.
-      while size >= g.max_items do
-        batch, size = flush_group(due_key, stream_key, flushed_key, gkey, g.key, 'SIZE', now, dedup_ms, g.max_items)
+      local left = g.size
+      while left >= g.max_items do
+        batch, left = flush_group(due_key, stream_key, flushed_key, gkey, g.key, 'SIZE', now, dedup_ms, g.max_items)
       end
-      if size > 0 then batch = false end
-    elseif g.max_bytes > 0 and bytes >= g.max_bytes then
-      batch, size = flush_group(due_key, stream_key, flushed_key, gkey, g.key, 'BYTES', now, dedup_ms, nil)
+      if left > 0 then
+        batch = false
+        local m = redis.call('HMGET', gkey, 'n', 'b', 's')
+        g.size, g.bytes, g.seq = tonumber(m[1]), tonumber(m[2]), tonumber(m[3])
+      else
+        g.size, g.bytes, g.seq = 0, 0, 0
+      end
+    elseif g.max_bytes > 0 and g.bytes >= g.max_bytes then
+      batch = flush_group(due_key, stream_key, flushed_key, gkey, g.key, 'BYTES', now, dedup_ms, nil)
+      g.size, g.bytes, g.seq = 0, 0, 0
     end
-    results[#results + 1] = { 1, size, batch }
+    results[#results + 1] = { 1, g.size, batch }
   end
 end
 
