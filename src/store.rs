@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use futures::future::try_join_all;
 use redis::aio::ConnectionManager;
-use tokio::sync::{mpsc, oneshot};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::batch::{Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items};
 use crate::config::Policy;
@@ -215,15 +215,17 @@ impl Store {
             part.0.push(index);
             part.1.push(item);
         }
-        let calls = per_shard.into_iter().map(|(shard, (indexes, items))| async move {
-            let (reply, done) = oneshot::channel();
-            let writer = &self.writers[usize::from(shard)];
-            if writer.send(AddJob { items, reply }).is_err() {
-                return Err(writer_gone());
-            }
-            let (earliest, results) = done.await.map_err(|_| writer_gone())??;
-            Ok((shard, indexes, earliest, results))
-        });
+        let calls = per_shard
+            .into_iter()
+            .map(|(shard, (indexes, items))| async move {
+                let (reply, done) = oneshot::channel();
+                let writer = &self.writers[usize::from(shard)];
+                if writer.send(AddJob { items, reply }).is_err() {
+                    return Err(writer_gone());
+                }
+                let (earliest, results) = done.await.map_err(|_| writer_gone())??;
+                Ok((shard, indexes, earliest, results))
+            });
         let replies = try_join_all(calls).await?;
 
         let mut results: Vec<Option<AddResult>> = vec![None; count];
@@ -848,7 +850,10 @@ struct AddJob {
 }
 
 fn writer_gone() -> StoreError {
-    StoreError::Redis(RedisError::from((ErrorKind::Client, "shard writer stopped")))
+    StoreError::Redis(RedisError::from((
+        ErrorKind::Client,
+        "shard writer stopped",
+    )))
 }
 
 /// Runs the add script for one shard, one call at a time. While a call is in
