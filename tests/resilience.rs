@@ -190,6 +190,90 @@ max_sleep = "50ms"
     b.stop().await;
 }
 
+/// Callers adding distinct items in a loop until their first failed call, as
+/// a crash would cause. Each remembers what was answered and the one add that
+/// got no answer, which it will retry.
+struct Load {
+    accepted: Arc<Mutex<Vec<(String, String)>>>,
+    unanswered: Arc<Mutex<Vec<(String, String)>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Starts one caller per client, spreading adds over `keys` keys. With
+    /// `failure` set, the call that fails must fail with that code.
+    fn start(clients: Vec<BatcherClient<Channel>>, keys: usize, failure: Option<Code>) -> Load {
+        let load = Load {
+            accepted: Arc::default(),
+            unanswered: Arc::default(),
+            tasks: Vec::new(),
+        };
+        let tasks = clients
+            .into_iter()
+            .enumerate()
+            .map(|(task, mut client)| {
+                let (accepted, unanswered) = (load.accepted.clone(), load.unanswered.clone());
+                tokio::spawn(async move {
+                    for i in 0.. {
+                        let key = format!("zone-{}", i % keys);
+                        let id = format!("t{task}-{i}");
+                        match client.add(add(&key, &id, b"payload")).await {
+                            Ok(resp) => {
+                                assert_eq!(resp.into_inner().outcome, pb::AddOutcome::Added as i32);
+                                accepted.lock().unwrap().push((key, id));
+                            }
+                            Err(status) => {
+                                if let Some(code) = failure {
+                                    assert_eq!(status.code(), code, "{status:?}");
+                                }
+                                unanswered.lock().unwrap().push((key, id));
+                                return;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { tasks, ..load }
+    }
+
+    /// Waits until `n` adds have been answered.
+    async fn wait_for(&self, n: usize) {
+        eventually("some load to be accepted", || {
+            let done = self.accepted.lock().unwrap().len() >= n;
+            async move { done.then_some(()) }
+        })
+        .await;
+    }
+
+    /// Waits for every caller to stop; returns (answered, unanswered) adds.
+    async fn finish(self) -> (Vec<(String, String)>, Vec<(String, String)>) {
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+        let accepted = self.accepted.lock().unwrap().clone();
+        let unanswered = self.unanswered.lock().unwrap().clone();
+        (accepted, unanswered)
+    }
+}
+
+/// Checks that every (key, id) is in exactly one batch and no others are.
+fn assert_exactly_once(batches: &[batcher::batch::Batch], items: &[(String, String)]) {
+    let placed = placements(batches);
+    for (key, id) in items {
+        assert_eq!(
+            placed.get(&(key.clone(), id.clone().into_bytes())),
+            Some(&1),
+            "{key}/{id}"
+        );
+    }
+    assert_eq!(
+        placed.len(),
+        items.len(),
+        "a batch holds an item that was never added"
+    );
+}
+
 /// A service SIGKILLed mid-load loses nothing: after a restart, with the
 /// unanswered adds retried, every accepted item is in exactly one batch and
 /// the open groups still flush on time.
@@ -207,43 +291,19 @@ async fn sigkill_mid_load_loses_nothing() {
     )
     .unwrap();
     let mut first = Process::start(&path, dir.path()).await;
-    let accepted: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let unanswered: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let mut load = Vec::new();
-    for task in 0..8 {
-        let mut client = support::client(first.addr).await;
-        let (accepted, unanswered) = (accepted.clone(), unanswered.clone());
-        load.push(tokio::spawn(async move {
-            for i in 0.. {
-                let key = format!("zone-{}", i % 5);
-                let id = format!("t{task}-{i}");
-                match client.add(add(&key, &id, b"payload")).await {
-                    Ok(resp) => {
-                        assert_eq!(resp.into_inner().outcome, pb::AddOutcome::Added as i32);
-                        accepted.lock().unwrap().push((key, id));
-                    }
-                    Err(_) => {
-                        unanswered.lock().unwrap().push((key, id));
-                        return;
-                    }
-                }
-            }
-        }));
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(support::client(first.addr).await);
     }
-    eventually("some load to be accepted", || {
-        let n = accepted.lock().unwrap().len();
-        async move { (n >= 400).then_some(()) }
-    })
-    .await;
+    // A killed server's clients see transport errors of several kinds.
+    let load = Load::start(clients, 5, None);
+    load.wait_for(400).await;
     first.kill();
-    for task in load {
-        task.await.unwrap();
-    }
+    let (accepted, retries) = load.finish().await;
 
     let second = Process::start(&path, dir.path()).await;
     let mut client = support::client(second.addr).await;
     // The callers retry what got no answer: each lands at most once more.
-    let retries = unanswered.lock().unwrap().clone();
     for (key, id) in &retries {
         client.add(add(key, id, b"payload")).await.unwrap();
     }
@@ -252,18 +312,8 @@ async fn sigkill_mid_load_loses_nothing() {
         async move { (open_groups(&mut client).await == 0).then_some(()) }
     })
     .await;
-    let cfg = config(&redis.url(), "");
-    let batches = all_batches(&store(&cfg)).await;
-    let placed = placements(&batches);
-    let accepted = accepted.lock().unwrap().clone();
-    for (key, id) in accepted.iter().chain(&retries) {
-        assert_eq!(
-            placed.get(&(key.clone(), id.clone().into_bytes())),
-            Some(&1),
-            "{key}/{id}"
-        );
-    }
-    assert_eq!(placed.len(), accepted.len() + retries.len());
+    let batches = all_batches(&store(&config(&redis.url(), ""))).await;
+    assert_exactly_once(&batches, &[accepted, retries].concat());
     assert!(batches.iter().all(|b| b.items.len() <= 9));
     // Groups left open by the crash still flushed on time: within the restart
     // time plus a little of their due time.
@@ -293,43 +343,20 @@ max_wait = "500ms"
 "#;
     let cfg = config(&redis.url(), extra);
     let service = Service::start(cfg.clone()).await;
-    let accepted: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let unanswered: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let mut load = Vec::new();
-    for task in 0..6 {
-        let mut client = service.client().await;
-        let (accepted, unanswered) = (accepted.clone(), unanswered.clone());
-        load.push(tokio::spawn(async move {
-            for i in 0.. {
-                let key = format!("zone-{}", i % 4);
-                let id = format!("t{task}-{i}");
-                match client.add(add(&key, &id, b"p")).await {
-                    Ok(_) => accepted.lock().unwrap().push((key, id)),
-                    Err(status) => {
-                        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-                        unanswered.lock().unwrap().push((key, id));
-                        return;
-                    }
-                }
-            }
-        }));
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(service.client().await);
     }
-    eventually("some load to be accepted", || {
-        let n = accepted.lock().unwrap().len();
-        async move { (n >= 300).then_some(()) }
-    })
-    .await;
+    let load = Load::start(clients, 4, Some(Code::Unavailable));
+    load.wait_for(300).await;
     redis.kill();
-    for task in load {
-        task.await.unwrap();
-    }
+    let (accepted, retries) = load.finish().await;
     redis.restart();
     let client = service.client().await;
-    let retries = unanswered.lock().unwrap().clone();
     for (key, id) in &retries {
         eventually("the retry to be answered", || {
             let mut client = client.clone();
-            let req = add(key, id, b"p");
+            let req = add(key, id, b"payload");
             async move { client.add(req).await.ok() }
         })
         .await;
@@ -339,16 +366,10 @@ max_wait = "500ms"
         async move { (open_groups(&mut client).await == 0).then_some(()) }
     })
     .await;
-    let placed = placements(&all_batches(&store(&cfg)).await);
-    let accepted = accepted.lock().unwrap().clone();
-    for (key, id) in accepted.iter().chain(&retries) {
-        assert_eq!(
-            placed.get(&(key.clone(), id.clone().into_bytes())),
-            Some(&1),
-            "{key}/{id}"
-        );
-    }
-    assert_eq!(placed.len(), accepted.len() + retries.len());
+    assert_exactly_once(
+        &all_batches(&store(&cfg)).await,
+        &[accepted, retries].concat(),
+    );
     service.stop().await;
 }
 
