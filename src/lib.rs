@@ -3,7 +3,8 @@
 //! the key's wait window.
 //!
 //! # Layout
-//! - `config`: the TOML config, its validation, and per-key policies.
+//! - `config`: the TOML config file: its tables, defaults, validation and error messages.
+//! - `policy`: flush policies, key globs, and the reloadable table every task reads.
 //! - `keys`: Redis key names, shards and hash tags; the only place that formats them.
 //! - `scripts`: the Lua scripts, one per atomic operation.
 //! - `batch`: items, batches and groups, the domain types.
@@ -18,6 +19,7 @@ pub mod batch;
 pub mod config;
 pub mod embedded;
 pub mod keys;
+pub mod policy;
 pub mod scripts;
 pub mod server;
 pub mod service;

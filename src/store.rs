@@ -15,8 +15,8 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::batch::{Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items};
-use crate::config::Policy;
 use crate::keys::{Keyspace, debug_assert_one_slot};
+use crate::policy::Policy;
 use crate::scripts;
 
 /// Errors of the store layer.

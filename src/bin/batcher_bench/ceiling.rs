@@ -23,8 +23,8 @@
 
 use std::time::Duration;
 
-use batcher::config::Policy;
 use batcher::keys::Keyspace;
+use batcher::policy::Policy;
 
 use super::procs::{CpuMeter, die_with_parent};
 

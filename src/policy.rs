@@ -1,0 +1,305 @@
+//! Flush policies: when a group is flushed, which policy a key gets, and the
+//! reloadable table that every task reads.
+//!
+//! A [`Policies`] table is built once from a default [`Policy`] and the
+//! per-pattern policies (exact keys and `*` globs), so that
+//! [`Policies::resolve`] only looks things up on the hot path. A
+//! [`PolicyHandle`] shares that table between tasks and swaps it whole on
+//! reload, without locking. `config` builds the table from the file's
+//! `[defaults]` and `[keys."..."]` tables; nothing here reads a file.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+/// When a group is flushed: whichever threshold is reached first. Its
+/// `Default` is the `[defaults]` of an empty config file (see `config`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Flush when the group holds this many items.
+    pub max_items: u32,
+    /// Flush when the group's first item has waited this long.
+    pub max_wait: Duration,
+    /// Flush when the group's payload bytes reach this, if set.
+    pub max_bytes: Option<u64>,
+}
+
+/// A `*` glob split at its stars, for matching without allocation.
+#[derive(Clone, Debug)]
+struct Glob {
+    /// The pattern as written.
+    pattern: String,
+    /// Text before the first `*`.
+    prefix: String,
+    /// Text after the last `*`.
+    suffix: String,
+    /// Non-empty runs between stars, in order.
+    middle: Vec<String>,
+}
+
+impl Glob {
+    /// `pattern` must contain at least one `*`.
+    fn new(pattern: &str) -> Glob {
+        let mut parts: Vec<&str> = pattern.split('*').collect();
+        debug_assert!(parts.len() >= 2, "a glob has at least one '*'");
+        let suffix = parts.pop().unwrap_or_default().to_owned();
+        let prefix = parts.first().copied().unwrap_or_default().to_owned();
+        let middle = parts
+            .iter()
+            .skip(1)
+            .filter(|p| !p.is_empty())
+            .map(|p| (*p).to_owned())
+            .collect();
+        Glob {
+            pattern: pattern.to_owned(),
+            prefix,
+            suffix,
+            middle,
+        }
+    }
+
+    fn matches(&self, key: &str) -> bool {
+        if key.len() < self.prefix.len() + self.suffix.len()
+            || !key.starts_with(&self.prefix)
+            || !key.ends_with(&self.suffix)
+        {
+            return false;
+        }
+        // Both ends are char boundaries: they end `prefix` and start `suffix`.
+        let mut rest = &key[self.prefix.len()..key.len() - self.suffix.len()];
+        // Leftmost matching of each run leaves the most room for the next.
+        for run in &self.middle {
+            match rest.find(run.as_str()) {
+                Some(i) => rest = &rest[i + run.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+/// Whether `key` matches the `*` glob `pattern` (`*` matches any run of
+/// characters, including none; nothing else is special).
+pub fn glob_matches(pattern: &str, key: &str) -> bool {
+    if pattern.contains('*') {
+        Glob::new(pattern).matches(key)
+    } else {
+        pattern == key
+    }
+}
+
+/// The resolved policy table: the policy of every pattern, complete, so
+/// that [`Policies::resolve`] only looks things up.
+#[derive(Clone, Debug)]
+pub struct Policies {
+    defaults: Policy,
+    exact: HashMap<String, Policy>,
+    /// Longest pattern first, ties by pattern string order.
+    globs: Vec<(Glob, Policy)>,
+}
+
+impl Policies {
+    /// The table for `defaults` (keys no pattern matches) and the complete
+    /// policy of each pattern: an exact key, or a glob if it holds a `*`.
+    pub fn new(defaults: Policy, patterns: impl IntoIterator<Item = (String, Policy)>) -> Policies {
+        let mut exact = HashMap::new();
+        let mut globs = Vec::new();
+        for (pattern, policy) in patterns {
+            if pattern.contains('*') {
+                globs.push((Glob::new(&pattern), policy));
+            } else {
+                exact.insert(pattern, policy);
+            }
+        }
+        globs.sort_by(|(a, _), (b, _)| {
+            b.pattern
+                .len()
+                .cmp(&a.pattern.len())
+                .then_with(|| a.pattern.cmp(&b.pattern))
+        });
+        Policies {
+            defaults,
+            exact,
+            globs,
+        }
+    }
+
+    /// The glob that decides `key`, when no exact pattern does.
+    fn glob_for(&self, key: &str) -> Option<&(Glob, Policy)> {
+        self.globs.iter().find(|(glob, _)| glob.matches(key))
+    }
+
+    /// The policy for a key: an exact key beats a glob, a longer glob beats a
+    /// shorter one (ties broken by pattern string order, so the result is
+    /// deterministic); a key no pattern matches gets the defaults.
+    pub fn resolve(&self, key: &str) -> Policy {
+        if let Some(policy) = self.exact.get(key) {
+            return *policy;
+        }
+        self.glob_for(key)
+            .map_or(self.defaults, |(_, policy)| *policy)
+    }
+
+    /// The pattern that decides `key`'s policy, or `None` for the defaults.
+    pub fn matching_pattern(&self, key: &str) -> Option<&str> {
+        if let Some((pattern, _)) = self.exact.get_key_value(key) {
+            return Some(pattern);
+        }
+        self.glob_for(key).map(|(glob, _)| glob.pattern.as_str())
+    }
+
+    /// The policy of keys no pattern matches.
+    pub fn defaults(&self) -> Policy {
+        self.defaults
+    }
+}
+
+/// Live, reloadable policies shared by all tasks. Readers never block; a
+/// reload swaps the whole table at once, so a reader sees the old table or
+/// the new one, never a mix.
+#[derive(Clone)]
+pub struct PolicyHandle(Arc<ArcSwap<Policies>>);
+
+impl PolicyHandle {
+    /// A handle holding `p`.
+    pub fn new(p: Policies) -> Self {
+        PolicyHandle(Arc::new(ArcSwap::from_pointee(p)))
+    }
+
+    /// The current table.
+    pub fn current(&self) -> Arc<Policies> {
+        self.0.load_full()
+    }
+
+    /// Replaces the table for every holder of this handle (and its clones).
+    pub fn replace(&self, p: Policies) {
+        self.0.store(Arc::new(p));
+    }
+
+    /// The current policy for `key`, without cloning the table.
+    pub fn resolve(&self, key: &str) -> Policy {
+        self.0.load().resolve(key)
+    }
+}
+
+impl fmt::Debug for PolicyHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PolicyHandle")
+            .field(&*self.0.load())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(max_items: u32) -> Policy {
+        Policy {
+            max_items,
+            max_wait: Duration::from_secs(60),
+            max_bytes: None,
+        }
+    }
+
+    fn table(patterns: &[(&str, u32)]) -> Policies {
+        Policies::new(
+            policy(10),
+            patterns.iter().map(|&(p, n)| (p.to_owned(), policy(n))),
+        )
+    }
+
+    /// An exact key beats any glob, and a key no pattern matches gets the defaults.
+    #[test]
+    fn exact_beats_glob() {
+        let p = table(&[("north-1", 5), ("north-*", 6), ("*", 7)]);
+        assert_eq!(p.resolve("north-1").max_items, 5);
+        assert_eq!(p.matching_pattern("north-1"), Some("north-1"));
+        assert_eq!(p.resolve("north-2").max_items, 6);
+        assert_eq!(p.resolve("other").max_items, 7);
+        let p = table(&[("north", 5)]);
+        assert_eq!(p.resolve("south"), policy(10));
+        assert_eq!(p.matching_pattern("south"), None);
+        assert_eq!(p.defaults(), policy(10));
+    }
+
+    /// A longer glob beats a shorter one, and equal lengths tie-break by
+    /// pattern order whatever order the patterns come in.
+    #[test]
+    fn longer_glob_beats_shorter() {
+        let patterns = [("s*", 1), ("south-*", 2), ("*-eu", 3), ("*uth-eu", 4)];
+        let mut reversed = patterns;
+        reversed.reverse();
+        for p in [table(&patterns), table(&reversed)] {
+            assert_eq!(p.resolve("south-1").max_items, 2);
+            assert_eq!(p.resolve("sea").max_items, 1);
+            assert_eq!(p.resolve("x-eu").max_items, 3);
+            // "south-*" and "*uth-eu" are both 7 bytes long; "*uth-eu" sorts first.
+            assert_eq!(p.resolve("south-eu").max_items, 4);
+            assert_eq!(p.matching_pattern("south-eu"), Some("*uth-eu"));
+            assert_eq!(p.matching_pattern("east"), None);
+        }
+    }
+
+    /// `*` matches any run of characters, including none, anywhere in the pattern.
+    #[test]
+    fn glob_edge_cases() {
+        let cases: &[(&str, &str, bool)] = &[
+            // prefix
+            ("south-*", "south-1", true),
+            ("south-*", "south-", true),
+            ("south-*", "south", false),
+            ("south-*", "xsouth-1", false),
+            // suffix
+            ("*-eu", "north-eu", true),
+            ("*-eu", "-eu", true),
+            ("*-eu", "north-eux", false),
+            // middle
+            ("a*z", "az", true),
+            ("a*z", "abcz", true),
+            ("a*z", "abc", false),
+            ("a*z", "z", false),
+            ("aa*aa", "aaa", false),
+            ("aa*aa", "aaaa", true),
+            // multiple stars
+            ("a*b*c", "abc", true),
+            ("a*b*c", "a-b-c", true),
+            ("a*b*c", "a-c-b", false),
+            ("*a*b*", "xaybz", true),
+            ("*a*b*", "ba", false),
+            ("a**b", "ab", true),
+            ("*ab*ab*", "abab", true),
+            ("*ab*ab*", "aba", false),
+            // lone star and empty key
+            ("*", "", true),
+            ("*", "anything", true),
+            ("**", "", true),
+            ("a*", "", false),
+            // no star: exact, and other glob characters are literal
+            ("north", "north", true),
+            ("north", "north1", false),
+            ("n?rth", "north", false),
+            ("[ab]*", "[ab]x", true),
+            // multi-byte characters
+            ("é*ü", "éxyzü", true),
+            ("*ü", "ü", true),
+        ];
+        for &(pattern, key, want) in cases {
+            assert_eq!(glob_matches(pattern, key), want, "{pattern:?} vs {key:?}");
+        }
+    }
+
+    /// A PolicyHandle's replacement is seen through every clone.
+    #[test]
+    fn policy_handle_replace() {
+        let handle = PolicyHandle::new(table(&[]));
+        let other = handle.clone();
+        assert_eq!(other.resolve("north"), policy(10));
+        handle.replace(table(&[("north", 25), ("south-*", 3)]));
+        assert_eq!(other.resolve("north").max_items, 25);
+        assert_eq!(other.current().resolve("south-x").max_items, 3);
+    }
+}
