@@ -35,6 +35,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::AppendFsync;
+
 /// Longest socket path we hand to redis; `sun_path` holds 108 bytes including
 /// the NUL, and we keep a margin.
 const MAX_UNIX_SOCKET_PATH: usize = 100;
@@ -69,9 +71,9 @@ pub struct EmbeddedOptions {
     /// Where the AOF, the socket and `redis.log` live; created if missing.
     /// The data survives restarts of the service only because of this.
     pub data_dir: PathBuf,
-    /// Redis `appendfsync` policy (`always`, `everysec` or `no`): the
-    /// durability/throughput trade-off is the operator's call.
-    pub appendfsync: String,
+    /// Redis `appendfsync` policy: the durability/throughput trade-off is
+    /// the operator's call.
+    pub appendfsync: AppendFsync,
 }
 
 /// Errors from starting the embedded server.
@@ -94,12 +96,6 @@ pub enum EmbeddedError {
         data_dir: PathBuf,
         /// Where the other server answered.
         endpoint: String,
-    },
-    /// The `appendfsync` option is not one Redis accepts.
-    #[error("invalid appendfsync policy {value:?}: expected \"always\", \"everysec\" or \"no\"")]
-    InvalidAppendfsync {
-        /// The rejected value.
-        value: String,
     },
     /// An I/O operation failed; the first field says which.
     #[error("{0}: {1}")]
@@ -143,7 +139,7 @@ struct Inner {
     /// Absolute data dir (`--dir`).
     data_dir: PathBuf,
     /// `--appendfsync` policy.
-    appendfsync: String,
+    appendfsync: AppendFsync,
     /// Fixed for the lifetime of the handle so the client URL stays valid
     /// across restarts.
     endpoint: Endpoint,
@@ -174,11 +170,6 @@ pub struct EmbeddedRedis {
 impl EmbeddedRedis {
     /// Starts the child, waits until it answers, and spawns the supervisor task.
     pub async fn start(opts: EmbeddedOptions) -> Result<EmbeddedRedis, EmbeddedError> {
-        if !matches!(opts.appendfsync.as_str(), "always" | "everysec" | "no") {
-            return Err(EmbeddedError::InvalidAppendfsync {
-                value: opts.appendfsync,
-            });
-        }
         fs::create_dir_all(&opts.data_dir).map_err(|e| {
             EmbeddedError::Io(format!("creating data dir {}", opts.data_dir.display()), e)
         })?;
@@ -346,7 +337,7 @@ impl Inner {
         }
         cmd.arg("--dir").arg(&self.data_dir);
         cmd.args(["--appendonly", "yes"]);
-        cmd.arg("--appendfsync").arg(&self.appendfsync);
+        cmd.arg("--appendfsync").arg(self.appendfsync.as_str());
         cmd.args(["--save", "", "--daemonize", "no"]);
         cmd.arg("--logfile").arg(&self.log_path);
         // Anything redis prints before its log is open (config errors) lands
@@ -773,7 +764,7 @@ mod tests {
         EmbeddedOptions {
             redis_server: PathBuf::from("/usr/bin/redis-server"),
             data_dir: data_dir.to_path_buf(),
-            appendfsync: "everysec".to_string(),
+            appendfsync: AppendFsync::Everysec,
         }
     }
 
@@ -968,16 +959,6 @@ mod tests {
         assert!(reason.contains("exited"), "{reason}");
         assert!(tail.contains("Illegal option"), "{tail}");
         assert!(err.to_string().contains("Illegal option"));
-    }
-
-    /// A bad appendfsync policy is rejected before anything is spawned.
-    #[tokio::test]
-    async fn invalid_appendfsync_is_rejected() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut o = opts(tmp.path());
-        o.appendfsync = "sometimes".into();
-        let err = EmbeddedRedis::start(o).await.unwrap_err();
-        assert!(matches!(err, EmbeddedError::InvalidAppendfsync { .. }));
     }
 
     /// The URL percent-encodes characters a path may hold but a URL may not.

@@ -7,10 +7,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, ConfigError, PolicyHandle};
+use crate::config::{Config, ConfigError};
 use crate::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedRedis};
 use crate::keys::Keyspace;
 use crate::pb::batcher_server::BatcherServer;
+use crate::policy::PolicyHandle;
 use crate::service::BatcherService;
 use crate::store::{Store, StoreError, Timeouts};
 use crate::subscribers::Hub;
@@ -51,7 +52,7 @@ pub async fn run(
             EmbeddedRedis::start(EmbeddedOptions {
                 redis_server: config.redis.redis_server.clone(),
                 data_dir: config.redis.data_dir.clone(),
-                appendfsync: config.redis.appendfsync.clone(),
+                appendfsync: config.redis.appendfsync,
             })
             .await?,
         ),
@@ -75,7 +76,7 @@ async fn serve(
     reload_from: Option<PathBuf>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    let keyspace = Keyspace::new(&config.redis.prefix, config.redis.shards);
+    let keyspace = Keyspace::new(&config.redis.prefix, config.redis.shards.get());
     let store = Store::open(
         url,
         keyspace,
@@ -104,7 +105,7 @@ async fn serve(
     );
     let hub = Hub::start(
         store.clone(),
-        config.subscriptions.buffer,
+        config.subscriptions.buffer.get(),
         &tracker,
         tasks.clone(),
     );

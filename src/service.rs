@@ -11,8 +11,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::batch::{self, FlushReason, Group};
-use crate::config::{Limits, PolicyHandle, SubscriptionsConfig};
+use crate::config::{Limits, SubscriptionsConfig};
 use crate::pb;
+use crate::policy::PolicyHandle;
 use crate::store::{AddOutcome, AddResult, NewItem, Store, StoreError};
 use crate::subscribers::{Cursor, Delivery, Durable, Filter, Hub};
 use crate::sweeper::SweeperHandle;
@@ -154,13 +155,13 @@ impl BatcherService {
         if key.is_empty() {
             return Err(invalid(field, "must not be empty"));
         }
-        if key.len() > self.limits.max_key_bytes {
+        if key.len() as u64 > self.limits.max_key_bytes.as_u64() {
             return Err(invalid(
                 field,
                 format!(
                     "is {} bytes, more than the limit of {}",
                     key.len(),
-                    self.limits.max_key_bytes
+                    self.limits.max_key_bytes.as_u64()
                 ),
             ));
         }
@@ -171,13 +172,13 @@ impl BatcherService {
         if id.is_empty() {
             return Err(invalid(field, "must not be empty"));
         }
-        if id.len() > self.limits.max_item_id_bytes {
+        if id.len() as u64 > self.limits.max_item_id_bytes.as_u64() {
             return Err(invalid(
                 field,
                 format!(
                     "is {} bytes, more than the limit of {}",
                     id.len(),
-                    self.limits.max_item_id_bytes
+                    self.limits.max_item_id_bytes.as_u64()
                 ),
             ));
         }
@@ -192,13 +193,13 @@ impl BatcherService {
             .item
             .ok_or_else(|| invalid(format!("{field}item"), "is required"))?;
         self.check_id(&format!("{field}item.id"), &item.id)?;
-        if item.payload.len() > self.limits.max_payload_bytes {
+        if item.payload.len() as u64 > self.limits.max_payload_bytes.as_u64() {
             return Err(invalid(
                 format!("{field}item.payload"),
                 format!(
                     "is {} bytes, more than the limit of {}",
                     item.payload.len(),
-                    self.limits.max_payload_bytes
+                    self.limits.max_payload_bytes.as_u64()
                 ),
             ));
         }
@@ -337,7 +338,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         request: Request<pb::AddManyRequest>,
     ) -> Result<Response<pb::AddManyResponse>, Status> {
         let requests = request.into_inner().items;
-        if requests.len() > self.limits.max_add_many {
+        if requests.len() > self.limits.max_add_many.get() {
             return Err(invalid(
                 "items",
                 format!(
@@ -422,7 +423,7 @@ impl pb::batcher_server::Batcher for BatcherService {
                     .ok_or_else(|| invalid("page_token", "is not a token from ListGroups"))?,
             )
         };
-        if req.key_prefix.len() > self.limits.max_key_bytes {
+        if req.key_prefix.len() as u64 > self.limits.max_key_bytes.as_u64() {
             return Err(invalid("key_prefix", "is longer than the longest key").into());
         }
         let (groups, next) = self
@@ -461,7 +462,7 @@ impl pb::batcher_server::Batcher for BatcherService {
                 group: req.consumer_group,
                 consumer: req.consumer,
                 ack_timeout: self.subscriptions.ack_timeout,
-                max_deliveries: self.subscriptions.max_deliveries,
+                max_deliveries: self.subscriptions.max_deliveries.get(),
             };
             self.hub.subscribe_durable(durable, filter)
         } else {
@@ -520,7 +521,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         Ok(Response::new(pb::ListDeadLettersResponse {
             batches: batches
                 .iter()
-                .map(|b| batch_to_pb(b, String::new(), self.subscriptions.max_deliveries))
+                .map(|b| batch_to_pb(b, String::new(), self.subscriptions.max_deliveries.get()))
                 .collect(),
         }))
     }

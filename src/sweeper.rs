@@ -92,7 +92,11 @@ impl ShardSweeper {
         let mut last_trim_ms = 0;
         while !shutdown.is_cancelled() {
             wake.planned.store(u64::MAX, Ordering::Release);
-            let scan = match self.store.due_groups(self.shard, self.config.batch).await {
+            let scan = match self
+                .store
+                .due_groups(self.shard, self.config.batch.get())
+                .await
+            {
                 Ok(scan) => scan,
                 Err(err) => {
                     failures += 1;

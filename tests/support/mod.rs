@@ -128,7 +128,7 @@ pub async fn next_batch(stream: &mut tonic::Streaming<pb::Batch>) -> pb::Batch {
 pub fn store(config: &Config) -> Store {
     Store::open(
         config.redis.url.as_deref().expect("test config has a url"),
-        Keyspace::new(&config.redis.prefix, config.redis.shards),
+        Keyspace::new(&config.redis.prefix, config.redis.shards.get()),
         config.dedup.window,
         Timeouts {
             connect: Duration::from_secs(2),
