@@ -1,5 +1,6 @@
-//! The domain types: items, batches, groups, and how a batch is read back
-//! from what the Lua scripts write.
+//! The domain types: items, batches, groups, the table of flush reasons
+//! (shared with the Lua scripts), and the item blob the scripts write a
+//! batch's items in.
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,37 +13,62 @@ pub struct Item {
     pub payload: Vec<u8>,
 }
 
-/// Why a group was flushed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FlushReason {
-    Size,
-    Timeout,
-    Bytes,
-    Manual,
+/// Defines [`FlushReason`] and its table from one list of `Variant = "WORD"`.
+macro_rules! flush_reasons {
+    ($($(#[$doc:meta])* $variant:ident = $word:literal,)+) => {
+        /// Why a group was flushed.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum FlushReason {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl FlushReason {
+            /// Every reason with the word the scripts store in the stream: the
+            /// one table that the Rust enum and the Lua scripts both read.
+            pub const ALL: &[(FlushReason, &str)] = &[$((FlushReason::$variant, $word),)+];
+
+            /// The word the scripts store in the stream.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(FlushReason::$variant => $word,)+
+                }
+            }
+        }
+    };
+}
+
+flush_reasons! {
+    /// The group reached its `max_items`.
+    Size = "SIZE",
+    /// The group's wait window passed.
+    Timeout = "TIMEOUT",
+    /// The group reached its `max_bytes`.
+    Bytes = "BYTES",
+    /// A client asked for the flush.
+    Manual = "MANUAL",
 }
 
 impl FlushReason {
-    /// The word the scripts store in the stream.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FlushReason::Size => "SIZE",
-            FlushReason::Timeout => "TIMEOUT",
-            FlushReason::Bytes => "BYTES",
-            FlushReason::Manual => "MANUAL",
-        }
+    /// The table as a Lua snippet for the scripts to start with:
+    /// `local REASON = { SIZE = 'SIZE', ... }`, so a script names a reason as
+    /// `REASON.SIZE` and a new reason is added here only.
+    pub fn lua_table() -> String {
+        let entries: Vec<String> = Self::ALL
+            .iter()
+            .map(|(_, word)| format!("{word} = '{word}'"))
+            .collect();
+        format!("local REASON = {{ {} }}\n", entries.join(", "))
     }
 }
 
 impl FromStr for FlushReason {
     type Err = DecodeError;
     fn from_str(s: &str) -> Result<Self, DecodeError> {
-        Ok(match s {
-            "SIZE" => FlushReason::Size,
-            "TIMEOUT" => FlushReason::Timeout,
-            "BYTES" => FlushReason::Bytes,
-            "MANUAL" => FlushReason::Manual,
-            other => return Err(DecodeError(format!("unknown flush reason {other:?}"))),
-        })
+        Self::ALL
+            .iter()
+            .find(|(_, word)| *word == s)
+            .map(|(reason, _)| *reason)
+            .ok_or_else(|| DecodeError(format!("unknown flush reason {s:?}")))
     }
 }
 
@@ -187,6 +213,20 @@ mod tests {
         assert!(items[1].payload.is_empty());
         assert!(decode_items(b"3:ab", 1).is_err());
         assert!(decode_items(b"1:a1:b", 2).is_err());
+    }
+
+    /// Every reason survives its word, and the Lua table names each one.
+    #[test]
+    fn flush_reasons_come_from_one_table() {
+        for (reason, word) in FlushReason::ALL {
+            assert_eq!(reason.as_str(), *word);
+            assert_eq!(word.parse::<FlushReason>().unwrap(), *reason);
+        }
+        assert!("size".parse::<FlushReason>().is_err());
+        assert_eq!(
+            FlushReason::lua_table(),
+            "local REASON = { SIZE = 'SIZE', TIMEOUT = 'TIMEOUT', BYTES = 'BYTES', MANUAL = 'MANUAL' }\n"
+        );
     }
 
     /// Stream ids order numerically, not as strings.

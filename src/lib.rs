@@ -7,10 +7,13 @@
 //! - `policy`: flush policies, key globs, and the reloadable table every task reads.
 //! - `keys`: Redis key names, shards and hash tags; the only place that formats them.
 //! - `scripts`: the Lua scripts, one per atomic operation.
-//! - `batch`: items, batches and groups, the domain types.
-//! - `store`: every read and write of state in Redis.
+//! - `batch`: items, batches and groups, the domain types, and the table of flush reasons.
+//! - `store`: every script call and every Redis read and write, including the
+//!   subscribers' blocking stream reads on their dedicated connections; replies
+//!   are decoded into our types by `FromRedisValue`.
 //! - `sweeper`: flushes groups whose wait window has passed.
-//! - `subscribers`: tails the shard streams and fans batches out to subscribers.
+//! - `subscribers`: live subscriptions (shard tails fanned out to subscribers)
+//!   and durable ones (consumers of a consumer group).
 //! - `service`: the gRPC API, validation, and the mapping of errors to status codes.
 //! - `embedded`: runs and supervises a `redis-server` child when no URL is configured.
 //! - `server`: wires it all together and serves until shutdown.

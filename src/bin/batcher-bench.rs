@@ -23,7 +23,7 @@
 //! # Ceiling
 //! `redis-benchmark` with 50 clients runs `EVALSHA` of the service's own add
 //! script (`batcher::scripts::ADD_ITEMS`) with the exact argument list
-//! `Store::add_in_shard` builds for one item, once without pipelining and once
+//! `batcher::store::AddArgs` builds for one item, once without pipelining and once
 //! with `-P 16`, each sized by a short calibration run to last about 5 s
 //! (quick: 1.5 s). Figure: calls per second, which is items per second. See
 //! `ceiling.rs` for how keys and ids vary and how every call is checked to add.
@@ -916,7 +916,7 @@ async fn redis_version(url: &str) -> String {
 /// The method section of BENCHMARKS.md (the module doc above has the details).
 const METHOD: &str = "\
 - **Ceiling**: `redis-benchmark -c 50` running `EVALSHA` of the service's own add script \
-  (`batcher::scripts::ADD_ITEMS`) with the argument list `Store::add_in_shard` builds for one \
+  (`batcher::scripts::ADD_ITEMS`) with the argument list `batcher::store::AddArgs` builds for one \
   item (KEYS: due set, stream, flushed set, group hash of one shard; ARGV: dedup window, 1 group, \
   key, max_items 10, max_wait, max_bytes 0, then group 1, a 25-byte id, a 32-byte payload), \
   without pipelining and with `-P 16`, on the same redis-server, in the same run. Keys range \

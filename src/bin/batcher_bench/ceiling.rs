@@ -2,11 +2,11 @@
 //! `redis-benchmark` against the same `redis-server` as the service scenarios.
 //!
 //! Each call is `EVALSHA` of `batcher::scripts::ADD_ITEMS` with the argument
-//! list `Store::add_in_shard` builds for a single item: KEYS are one shard's
-//! due set, stream and flushed set plus the group's hash (formatted by
-//! `batcher::keys::Keyspace`), ARGV is the dedup window, the group count 1, the
-//! key, `max_items`, `max_wait` and `max_bytes` of the ingest policy, then
-//! group number 1, the item id and a 32-byte payload.
+//! list that `batcher::store::AddArgs` (the builder the store's shard writers
+//! use) makes for a single item: KEYS are one shard's due set, stream and
+//! flushed set plus the group's hash, ARGV is the dedup window, the group
+//! count 1, the key, `max_items`, `max_wait` and `max_bytes` of the ingest
+//! policy, then group number 1, the item id and a 32-byte payload.
 //!
 //! Keys and ids vary through `-r 10000` and `__rand_int__`. redis-benchmark
 //! draws every `__rand_int__` occurrence independently (each one is a
@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use batcher::keys::Keyspace;
 use batcher::policy::Policy;
+use batcher::store::AddArgs;
 
 use super::procs::{CpuMeter, die_with_parent};
 
@@ -130,44 +131,51 @@ impl Context<'_> {
         Ok(run)
     }
 
-    /// One redis-benchmark invocation of `n` calls under the keyspace prefix `prefix`.
-    async fn benchmark(&self, prefix: &str, pipeline: u64, n: u64) -> Result<Run, String> {
+    /// redis-benchmark's arguments for `n` calls under `prefix`: the add
+    /// script's KEYS and ARGV for one item, as the store builds them.
+    fn command_args(&self, prefix: &str, pipeline: u64, n: u64) -> Result<Vec<String>, String> {
         let (url, sha, args) = (self.url, self.sha, self.args);
         let keyspace = Keyspace::new(prefix, 16);
-        let shard = keyspace.shard(0);
         // 15-byte keys and 25-byte ids, the sizes the service scenarios use.
         let key = "cl-__rand_int__";
-        let argv: Vec<String> = [
-            "-u".to_string(),
-            url.to_string(),
-            "-c".into(),
-            CLIENTS.to_string(),
-            "-n".into(),
-            n.to_string(),
-            "-P".into(),
-            pipeline.to_string(),
-            "-r".into(),
-            KEYS.to_string(),
-            "--csv".into(),
-            "EVALSHA".into(),
-            sha.to_string(),
-            "4".into(),
-            shard.due,
-            shard.stream,
-            shard.flushed,
-            keyspace.group(0, key),
-            args.dedup.as_millis().to_string(),
-            "1".into(),
-            key.into(),
-            args.policy.max_items.to_string(),
-            args.policy.max_wait.as_millis().to_string(),
-            args.policy.max_bytes.unwrap_or(0).to_string(),
-            "1".into(),
-            "__rand_int__-__rand_int__".into(),
-            "p".repeat(32),
+        let payload = "p".repeat(32);
+        let mut script = AddArgs::new(&keyspace, 0, args.dedup);
+        script.item(
+            key,
+            &args.policy,
+            b"__rand_int__-__rand_int__",
+            payload.as_bytes(),
+        );
+        let (keys, script_args) = script.into_parts();
+        let mut argv: Vec<String> = [
+            "-u",
+            url,
+            "-c",
+            &CLIENTS.to_string(),
+            "-n",
+            &n.to_string(),
+            "-P",
+            &pipeline.to_string(),
+            "-r",
+            &KEYS.to_string(),
+            "--csv",
+            "EVALSHA",
+            sha,
+            &keys.len().to_string(),
         ]
-        .into_iter()
-        .collect();
+        .map(String::from)
+        .into();
+        argv.extend(keys);
+        for arg in script_args {
+            argv.push(String::from_utf8(arg).map_err(|_| "the ceiling's arguments are text")?);
+        }
+        Ok(argv)
+    }
+
+    /// One redis-benchmark invocation of `n` calls under the keyspace prefix `prefix`.
+    async fn benchmark(&self, prefix: &str, pipeline: u64, n: u64) -> Result<Run, String> {
+        let (url, sha) = (self.url, self.sha);
+        let argv = self.command_args(prefix, pipeline, n)?;
         let mut cmd = std::process::Command::new("redis-benchmark");
         cmd.args(&argv)
             .stdin(std::process::Stdio::null())

@@ -1,0 +1,191 @@
+//! The add path: [`Store::add`] splits a request per shard and hands each
+//! part to that shard's writer, which runs the add script for whatever parts
+//! queued up meanwhile in one call.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::future::try_join_all;
+use redis::aio::ConnectionManager;
+use redis::{ErrorKind, RedisError};
+use tokio::sync::{mpsc, oneshot};
+
+use super::decode::AddReply;
+use super::{AddArgs, Result, Store, StoreError, invoke};
+use crate::batch::{Batch, DecodeError, Item};
+use crate::policy::Policy;
+use crate::keys::Keyspace;
+use crate::scripts;
+
+/// One item to add, with the policy of its key resolved.
+#[derive(Clone, Debug)]
+pub struct NewItem {
+    pub key: String,
+    pub item: Item,
+    pub policy: Policy,
+}
+
+/// What an add did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddOutcome {
+    Added,
+    Duplicate,
+}
+
+/// The result of one add.
+#[derive(Clone, Debug)]
+pub struct AddResult {
+    pub outcome: AddOutcome,
+    /// Size of the open group after the add; 0 when it flushed.
+    pub group_size: u32,
+    /// The batch this add completed.
+    pub flushed: Option<Batch>,
+}
+
+/// The results of a set of adds, and the deadlines the adds opened.
+#[derive(Debug, Default)]
+pub struct AddReport {
+    /// One per item, in request order.
+    pub results: Vec<AddResult>,
+    /// Per shard that had a group opened: the earliest due time opened (ms).
+    pub opened: Vec<(u16, u64)>,
+}
+
+/// What a shard writer answers for one job: the earliest due time the call
+/// opened, and one result per item of the job.
+type ShardReply = (Option<u64>, Vec<AddResult>);
+
+impl Store {
+    /// Adds items, atomically per shard, in request order. A group that
+    /// reaches its threshold is flushed by the add that completes it.
+    ///
+    /// Each shard's part goes to that shard's writer, which runs it in one
+    /// add script, together with whatever other requests queued up for the
+    /// shard meanwhile: under load, many small requests share one script call.
+    pub async fn add(&self, items: Vec<NewItem>) -> Result<AddReport> {
+        // Split the request per shard, keeping each shard's items in order.
+        let count = items.len();
+        let mut per_shard: HashMap<u16, (Vec<usize>, Vec<NewItem>)> = HashMap::new();
+        for (index, item) in items.into_iter().enumerate() {
+            let part = per_shard.entry(self.keys.shard_of(&item.key)).or_default();
+            part.0.push(index);
+            part.1.push(item);
+        }
+        let calls = per_shard
+            .into_iter()
+            .map(|(shard, (indexes, items))| async move {
+                let (reply, done) = oneshot::channel();
+                let writer = &self.writers[usize::from(shard)];
+                if writer.send(AddJob { items, reply }).is_err() {
+                    return Err(writer_gone());
+                }
+                let (earliest, results) = done.await.map_err(|_| writer_gone())??;
+                Ok((shard, indexes, earliest, results))
+            });
+        let replies = try_join_all(calls).await?;
+
+        let mut results: Vec<Option<AddResult>> = vec![None; count];
+        let mut opened = Vec::new();
+        for (shard, indexes, earliest, shard_results) in replies {
+            if let Some(due) = earliest {
+                opened.push((shard, due));
+            }
+            for (index, result) in indexes.into_iter().zip(shard_results) {
+                results[index] = Some(result);
+            }
+        }
+        let results = results
+            .into_iter()
+            .map(|r| r.ok_or_else(|| DecodeError("add_items returned too few results".into())))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(AddReport { results, opened })
+    }
+}
+
+/// Most items one merged add script call takes, so no call holds Redis for
+/// long; a single request's shard part is never split, whatever its size.
+const MERGE_LIMIT: usize = 1000;
+
+/// One request's part for one shard, waiting for its shard's writer.
+pub(super) struct AddJob {
+    items: Vec<NewItem>,
+    reply: oneshot::Sender<Result<ShardReply>>,
+}
+
+fn writer_gone() -> StoreError {
+    StoreError::Redis(RedisError::from((
+        ErrorKind::Client,
+        "shard writer stopped",
+    )))
+}
+
+/// Runs the add script for one shard, one call at a time. While a call is in
+/// flight, new jobs queue up; the next call takes all of them (up to
+/// `MERGE_LIMIT` items), so the batching costs no latency when idle and
+/// grows with load. Each job's items stay contiguous and in order, so a
+/// request's part is still applied atomically.
+pub(super) struct AddWriter {
+    pub conn: ConnectionManager,
+    pub keys: Keyspace,
+    pub dedup: Duration,
+    pub shard: u16,
+}
+
+impl AddWriter {
+    pub(super) async fn run(self, mut jobs: mpsc::UnboundedReceiver<AddJob>) {
+        while let Some(first) = jobs.recv().await {
+            let mut total = first.items.len();
+            let mut batch = vec![first];
+            while total < MERGE_LIMIT {
+                match jobs.try_recv() {
+                    Ok(job) => {
+                        total += job.items.len();
+                        batch.push(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let items: Vec<&NewItem> = batch.iter().flat_map(|job| job.items.iter()).collect();
+            match self.call(&items).await {
+                Ok((earliest, results)) => {
+                    let mut results = results.into_iter();
+                    for job in batch {
+                        let mine = results.by_ref().take(job.items.len()).collect();
+                        // A caller that went away no longer needs its reply.
+                        let _ = job.reply.send(Ok((earliest, mine)));
+                    }
+                }
+                Err(err) => {
+                    for job in batch {
+                        let _ = job.reply.send(Err(err.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One add script call for `items`, all of this shard, in order.
+    async fn call(&self, items: &[&NewItem]) -> Result<ShardReply> {
+        let mut args = AddArgs::new(&self.keys, self.shard, self.dedup);
+        for new in items {
+            args.item(&new.key, &new.policy, &new.item.id, &new.item.payload);
+        }
+        let (keys, args) = args.into_parts();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let reply: AddReply = invoke(&self.conn, &scripts::ADD_ITEMS, &keys, args).await?;
+        if reply.items.len() != items.len() {
+            return Err(DecodeError("add_items result count".into()).into());
+        }
+        let results = reply
+            .items
+            .into_iter()
+            .zip(items)
+            .map(|((outcome, group_size, batch), new)| AddResult {
+                outcome,
+                group_size,
+                flushed: batch.map(|batch| batch.into_batch(self.shard, &new.key)),
+            })
+            .collect();
+        Ok((reply.earliest, results))
+    }
+}

@@ -1,0 +1,199 @@
+//! Durable subscriptions: consumer groups over the shard streams. Creating
+//! one, reading its new batches, claiming timed-out ones (or dead-lettering
+//! them), acks, dead letters and re-drives.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::future::try_join_all;
+use redis::AsyncTypedCommands;
+use redis::streams::{StreamRangeReply, StreamReadOptions};
+
+use super::decode::{Claimed, batch_from_entry, batches_from_entries, batches_from_read};
+use super::{Result, Store};
+use crate::batch::{Batch, DecodeError, StreamId};
+use crate::scripts;
+
+impl Store {
+    /// Reads a consumer group's definition.
+    pub async fn consumer_group(&self, name: &str) -> Result<Option<String>> {
+        let mut conn = self.conn.clone();
+        Ok(conn.hget(self.keys.consumer_groups(), name).await?)
+    }
+
+    /// Creates a consumer group on every shard stream, starting at the end
+    /// (`from_start` false) or at the oldest retained batch, then records its
+    /// definition unless another caller recorded one first. Returns the
+    /// definition in force.
+    pub async fn create_consumer_group(
+        &self,
+        name: &str,
+        definition: &str,
+        from_start: bool,
+    ) -> Result<String> {
+        let mut conn = self.conn.clone();
+        let start = if from_start { "0" } else { "$" };
+        for shard in 0..self.keys.shards() {
+            let stream = self.keys.shard(shard).stream;
+            match conn.xgroup_create_mkstream(stream, name, start).await {
+                Ok(()) => {}
+                Err(err) if err.code() == Some("BUSYGROUP") => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        conn.hset_nx(self.keys.consumer_groups(), name, definition)
+            .await?;
+        Ok(self
+            .consumer_group(name)
+            .await?
+            .unwrap_or_else(|| definition.to_owned()))
+    }
+
+    /// Reads up to `count` batches of a shard not yet delivered to the group,
+    /// and delivers them to `consumer` (they are pending until acked).
+    /// Non-blocking, so it may use the shared connection.
+    pub async fn read_group(
+        &self,
+        shard: u16,
+        group: &str,
+        consumer: &str,
+        count: usize,
+    ) -> Result<Vec<Batch>> {
+        let mut conn = self.conn.clone();
+        let options = StreamReadOptions::default()
+            .group(group, consumer)
+            .count(count);
+        let stream = self.keys.shard(shard).stream;
+        let reply = conn.xread_options(&[stream], &[">"], &options).await?;
+        Ok(batches_from_read(shard, reply)?)
+    }
+
+    /// Takes over a group's batches that have been pending for at least
+    /// `min_idle` (only `owner`'s, if given) for `consumer`, dead-lettering
+    /// those delivered `max_deliveries` times. Returns the batches with their
+    /// delivery counts.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim(
+        &self,
+        shard: u16,
+        group: &str,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+        max_deliveries: u32,
+        owner: Option<&str>,
+    ) -> Result<Vec<(Batch, u32)>> {
+        let stream = self.keys.shard(shard).stream;
+        let dead = self.keys.dead_letters(shard, group);
+        let claimed: Vec<Claimed> = self
+            .run_script(
+                &scripts::CLAIM_BATCHES,
+                &[&stream, &dead],
+                vec![
+                    group.as_bytes().to_vec(),
+                    consumer.as_bytes().to_vec(),
+                    min_idle.as_millis().to_string().into_bytes(),
+                    count.to_string().into_bytes(),
+                    max_deliveries.to_string().into_bytes(),
+                    owner.unwrap_or("").as_bytes().to_vec(),
+                ],
+            )
+            .await?;
+        claimed
+            .into_iter()
+            .map(|claimed| {
+                let batch = batch_from_entry(shard, claimed.entry).map_err(DecodeError::from)?;
+                Ok((batch, claimed.deliveries))
+            })
+            .collect()
+    }
+
+    /// Acks stream entries for a group (batches a consumer group skips).
+    pub async fn ack_entries(&self, shard: u16, group: &str, ids: &[StreamId]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        let ids: Vec<String> = ids.iter().map(StreamId::to_string).collect();
+        conn.xack(self.keys.shard(shard).stream, group, &ids)
+            .await?;
+        Ok(())
+    }
+
+    /// Acks batches (by shard and original entry id) for a group. Returns how
+    /// many were pending.
+    pub async fn ack(&self, group: &str, ids: &[(u16, StreamId)]) -> Result<u32> {
+        let calls = per_shard(ids).into_iter().map(|(shard, ids)| async move {
+            let stream = self.keys.shard(shard).stream;
+            let redriven = self.keys.redriven(shard, group);
+            self.run_script::<u32>(
+                &scripts::ACK_BATCHES,
+                &[&stream, &redriven],
+                group_and_ids(group, &ids),
+            )
+            .await
+        });
+        Ok(try_join_all(calls).await?.into_iter().sum())
+    }
+
+    /// Re-drives dead-lettered batches of a group. Returns how many were dead letters.
+    pub async fn redrive(&self, group: &str, ids: &[(u16, StreamId)]) -> Result<u32> {
+        let calls = per_shard(ids).into_iter().map(|(shard, ids)| async move {
+            let stream = self.keys.shard(shard).stream;
+            let dead = self.keys.dead_letters(shard, group);
+            let redriven = self.keys.redriven(shard, group);
+            self.run_script::<u32>(
+                &scripts::REDRIVE_BATCHES,
+                &[&stream, &dead, &redriven],
+                group_and_ids(group, &ids),
+            )
+            .await
+        });
+        Ok(try_join_all(calls).await?.into_iter().sum())
+    }
+
+    /// A group's dead letters, oldest first, at most `limit`.
+    pub async fn dead_letters(&self, group: &str, limit: usize) -> Result<Vec<Batch>> {
+        let mut conn = self.conn.clone();
+        let mut all = Vec::new();
+        for shard in 0..self.keys.shards() {
+            let ids: Vec<String> = redis::cmd("ZRANGE")
+                .arg(self.keys.dead_letters(shard, group))
+                .arg(0)
+                .arg(limit as i64 - 1)
+                .query_async(&mut conn)
+                .await?;
+            if ids.is_empty() {
+                continue;
+            }
+            let mut pipe = redis::pipe();
+            let stream = self.keys.shard(shard).stream;
+            for id in &ids {
+                pipe.xrange(&stream, id, id);
+            }
+            let replies: Vec<StreamRangeReply> = pipe.query_async(&mut conn).await?;
+            for reply in replies {
+                all.extend(batches_from_entries(shard, reply.ids)?);
+            }
+        }
+        all.sort_by_key(|b| (b.flushed_at_ms, b.shard, b.stream_id));
+        all.truncate(limit);
+        Ok(all)
+    }
+}
+
+/// The arguments of the ack and re-drive scripts: the group, then the entry ids.
+fn group_and_ids(group: &str, ids: &[StreamId]) -> Vec<Vec<u8>> {
+    let mut args = vec![group.as_bytes().to_vec()];
+    args.extend(ids.iter().map(|id| id.to_string().into_bytes()));
+    args
+}
+
+/// Groups (shard, id) pairs by shard.
+fn per_shard(ids: &[(u16, StreamId)]) -> HashMap<u16, Vec<StreamId>> {
+    let mut out: HashMap<u16, Vec<StreamId>> = HashMap::new();
+    for (shard, id) in ids {
+        out.entry(*shard).or_default().push(*id);
+    }
+    out
+}

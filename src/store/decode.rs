@@ -1,0 +1,256 @@
+//! How Redis replies become our types. redis-rs decodes the nested parts
+//! (tuples, `Vec`, `Option`, its stream reply types); the impls here only put
+//! them together, so nothing in the store walks a reply by hand.
+
+use std::collections::HashMap;
+
+use redis::streams;
+use redis::{FromRedisValue, ParsingError, Value, from_redis_value};
+
+use super::add::AddOutcome;
+use super::groups::DueScan;
+use crate::batch::{Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items};
+
+impl From<DecodeError> for ParsingError {
+    fn from(err: DecodeError) -> ParsingError {
+        err.0.into()
+    }
+}
+
+impl From<ParsingError> for DecodeError {
+    fn from(err: ParsingError) -> DecodeError {
+        DecodeError(err.to_string())
+    }
+}
+
+impl FromRedisValue for StreamId {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        Ok(from_redis_value::<String>(v)?.parse()?)
+    }
+}
+
+impl FromRedisValue for FlushReason {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        Ok(from_redis_value::<String>(v)?.parse()?)
+    }
+}
+
+/// A batch as the scripts return it: `{stream_id, reason, opened, flushed, n,
+/// items}`. The caller knows its shard and key.
+pub(super) struct ScriptBatch {
+    stream_id: StreamId,
+    reason: FlushReason,
+    opened_at_ms: u64,
+    flushed_at_ms: u64,
+    items: Vec<Item>,
+}
+
+impl ScriptBatch {
+    pub(super) fn into_batch(self, shard: u16, key: &str) -> Batch {
+        Batch {
+            shard,
+            stream_id: self.stream_id,
+            key: key.to_owned(),
+            items: self.items,
+            reason: self.reason,
+            opened_at_ms: self.opened_at_ms,
+            flushed_at_ms: self.flushed_at_ms,
+            origin: None,
+            for_group: None,
+        }
+    }
+}
+
+impl FromRedisValue for ScriptBatch {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let (stream_id, reason, opened_at_ms, flushed_at_ms, count, blob): (
+            StreamId,
+            FlushReason,
+            u64,
+            u64,
+            usize,
+            Vec<u8>,
+        ) = from_redis_value(v)?;
+        Ok(ScriptBatch {
+            stream_id,
+            reason,
+            opened_at_ms,
+            flushed_at_ms,
+            items: decode_items(&blob, count)?,
+        })
+    }
+}
+
+impl FromRedisValue for AddOutcome {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match from_redis_value::<i64>(v)? {
+            1 => Ok(AddOutcome::Added),
+            2 => Ok(AddOutcome::Duplicate),
+            other => Err(format!("add outcome {other}").into()),
+        }
+    }
+}
+
+/// The add script's reply: `{earliest due opened or 0, {{outcome, size,
+/// batch or false}, ...}}`.
+pub(super) struct AddReply {
+    /// The earliest due time among the groups the call opened.
+    pub earliest: Option<u64>,
+    /// One per item, in order: what it did, the group's size after, and the
+    /// batch it completed.
+    pub items: Vec<(AddOutcome, u32, Option<ScriptBatch>)>,
+}
+
+impl FromRedisValue for AddReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let (earliest, items): (u64, _) = from_redis_value(v)?;
+        Ok(AddReply {
+            earliest: (earliest > 0).then_some(earliest),
+            items,
+        })
+    }
+}
+
+/// Takes the next part of a flat reply.
+fn next_part<T: FromRedisValue>(
+    parts: &mut impl Iterator<Item = Value>,
+    what: &str,
+) -> Result<T, ParsingError> {
+    from_redis_value(parts.next().ok_or_else(|| format!("reply lacks {what}"))?)
+}
+
+impl FromRedisValue for DueScan {
+    /// The due scan's reply: `{now, earliest due not yet due or -1, key...}`.
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let mut parts = from_redis_value::<Vec<Value>>(v)?.into_iter();
+        let now_ms = next_part(&mut parts, "now")?;
+        let next_due: i64 = next_part(&mut parts, "next due")?;
+        Ok(DueScan {
+            now_ms,
+            next_due_ms: u64::try_from(next_due).ok(),
+            keys: parts.map(from_redis_value).collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// An open group's hash as HGETALL returns it: metadata fields (`n` size,
+/// `b` bytes, `o` opened, `d` due) and one `:<id>` field per item, whose
+/// value is `<sequence>,<payload>`. `None` when the group is not open. The
+/// key is the caller's to fill in.
+pub(super) struct GroupHash(pub Option<Group>);
+
+impl FromRedisValue for GroupHash {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let fields: HashMap<Vec<u8>, Vec<u8>> = from_redis_value(v)?;
+        if fields.is_empty() {
+            return Ok(GroupHash(None));
+        }
+        let mut items: Vec<(u64, Item)> = Vec::new();
+        let mut meta: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        for (field, value) in fields {
+            let Some(id) = field.strip_prefix(b":") else {
+                meta.insert(field, value);
+                continue;
+            };
+            let comma = value
+                .iter()
+                .position(|b| *b == b',')
+                .ok_or("group item without sequence")?;
+            let item = Item {
+                id: id.to_vec(),
+                payload: value[comma + 1..].to_vec(),
+            };
+            items.push((parse_u64(&value[..comma])?, item));
+        }
+        items.sort_by_key(|(seq, _)| *seq);
+        let field = |name: &[u8]| -> Result<u64, ParsingError> {
+            parse_u64(meta.get(name).ok_or("group without metadata")?)
+        };
+        Ok(GroupHash(Some(Group {
+            key: String::new(),
+            size: field(b"n")? as u32,
+            bytes: field(b"b")?,
+            opened_at_ms: field(b"o")?,
+            due_at_ms: field(b"d")?,
+            items: items.into_iter().map(|(_, item)| item).collect(),
+        })))
+    }
+}
+
+fn parse_u64(b: &[u8]) -> Result<u64, ParsingError> {
+    std::str::from_utf8(b)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("expected a number, got {b:?}").into())
+}
+
+/// A batch as a stream entry holds it: fields `key`, `reason`, `opened`,
+/// `flushed`, `n`, `items`, and on a re-driven copy `origin` and `for_group`.
+pub(super) fn batch_from_entry(
+    shard: u16,
+    entry: streams::StreamId,
+) -> Result<Batch, ParsingError> {
+    let streams::StreamId { id, mut map, .. } = entry;
+    let mut field = |name: &str| {
+        map.remove(name)
+            .ok_or_else(|| ParsingError::from(format!("stream entry {id} lacks {name:?}")))
+    };
+    let count: usize = from_redis_value(field("n")?)?;
+    let blob: Vec<u8> = from_redis_value(field("items")?)?;
+    Ok(Batch {
+        shard,
+        key: from_redis_value(field("key")?)?,
+        reason: from_redis_value(field("reason")?)?,
+        opened_at_ms: from_redis_value(field("opened")?)?,
+        flushed_at_ms: from_redis_value(field("flushed")?)?,
+        items: decode_items(&blob, count)?,
+        origin: field("origin").ok().map(from_redis_value).transpose()?,
+        for_group: field("for_group").ok().map(from_redis_value).transpose()?,
+        stream_id: id.parse()?,
+    })
+}
+
+/// The batches of stream entries.
+pub(super) fn batches_from_entries(
+    shard: u16,
+    entries: Vec<streams::StreamId>,
+) -> Result<Vec<Batch>, DecodeError> {
+    entries
+        .into_iter()
+        .map(|entry| Ok(batch_from_entry(shard, entry)?))
+        .collect()
+}
+
+/// The batches of an XREAD or XREADGROUP reply for one stream (`None` when
+/// a blocking read timed out).
+pub(super) fn batches_from_read(
+    shard: u16,
+    reply: Option<streams::StreamReadReply>,
+) -> Result<Vec<Batch>, DecodeError> {
+    let entries = reply
+        .into_iter()
+        .flat_map(|reply| reply.keys)
+        .flat_map(|key| key.ids)
+        .collect();
+    batches_from_entries(shard, entries)
+}
+
+/// One entry of the claim script's reply: `{entry id, fields, delivery count}`.
+pub(super) struct Claimed {
+    pub entry: streams::StreamId,
+    pub deliveries: u32,
+}
+
+impl FromRedisValue for Claimed {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let (id, map, deliveries): (String, HashMap<String, Value>, u32) = from_redis_value(v)?;
+        Ok(Claimed {
+            entry: streams::StreamId {
+                id,
+                map,
+                ..Default::default()
+            },
+            deliveries,
+        })
+    }
+}

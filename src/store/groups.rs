@@ -1,0 +1,236 @@
+//! Open groups: removing an item, flushing (by hand or by timeout), the
+//! sweeper's due scan, and reading one group or a page of them.
+
+use futures::future::try_join_all;
+
+use super::decode::{GroupHash, ScriptBatch};
+use super::{Result, Store};
+use crate::batch::{Batch, FlushReason, Group};
+use crate::scripts;
+
+/// What one sweep step saw in a shard.
+#[derive(Debug)]
+pub struct DueScan {
+    /// Redis's clock at the scan (ms).
+    pub now_ms: u64,
+    /// The earliest due time of a group not yet due.
+    pub next_due_ms: Option<u64>,
+    /// Keys of the groups that are due, soonest first.
+    pub keys: Vec<String>,
+}
+
+/// A position in the list of open groups: (due time, key).
+pub type GroupPos = (u64, String);
+
+/// What one shard's scan of the due set found: the matching positions, and
+/// the last position scanned if the scan budget ran out first.
+type ShardScan = (Vec<GroupPos>, Option<GroupPos>);
+
+impl Store {
+    /// Removes an item from its open group. Returns whether it was there, and
+    /// the group's size after.
+    pub async fn remove(&self, key: &str, id: &[u8]) -> Result<(bool, u32)> {
+        let shard = self.keys.shard_of(key);
+        let shard_keys = self.keys.shard(shard);
+        let group = self.keys.group(shard, key);
+        self.run_script(
+            &scripts::REMOVE_ITEM,
+            &[&shard_keys.due, &group],
+            vec![key.as_bytes().to_vec(), id.to_vec()],
+        )
+        .await
+    }
+
+    /// Flushes a key's open group. With `Timeout`, only if it is due by the
+    /// Redis clock. Returns the batch, if one was written.
+    pub async fn flush(&self, key: &str, reason: FlushReason) -> Result<Option<Batch>> {
+        let shard = self.keys.shard_of(key);
+        self.flush_in_shard(shard, key, reason).await
+    }
+
+    async fn flush_in_shard(
+        &self,
+        shard: u16,
+        key: &str,
+        reason: FlushReason,
+    ) -> Result<Option<Batch>> {
+        let shard_keys = self.keys.shard(shard);
+        let group = self.keys.group(shard, key);
+        let batch: Option<ScriptBatch> = self
+            .run_script(
+                &scripts::FLUSH_GROUP,
+                &[
+                    &shard_keys.due,
+                    &shard_keys.stream,
+                    &shard_keys.flushed,
+                    &group,
+                ],
+                vec![
+                    key.as_bytes().to_vec(),
+                    reason.as_str().as_bytes().to_vec(),
+                    self.dedup.as_millis().to_string().into_bytes(),
+                ],
+            )
+            .await?;
+        Ok(batch.map(|batch| batch.into_batch(shard, key)))
+    }
+
+    /// Reads which groups of a shard are due (at most `limit`), and when the
+    /// next one falls due.
+    pub async fn due_groups(&self, shard: u16, limit: usize) -> Result<DueScan> {
+        let shard_keys = self.keys.shard(shard);
+        self.run_script(
+            &scripts::DUE_GROUPS,
+            &[&shard_keys.due],
+            vec![limit.to_string().into_bytes()],
+        )
+        .await
+    }
+
+    /// Flushes, by timeout, those of the given groups of one shard that are
+    /// still due. The calls are pipelined.
+    pub async fn flush_due(&self, shard: u16, keys: &[String]) -> Result<Vec<Batch>> {
+        let calls = keys
+            .iter()
+            .map(|key| self.flush_in_shard(shard, key, FlushReason::Timeout));
+        Ok(try_join_all(calls).await?.into_iter().flatten().collect())
+    }
+
+    /// Reads a key's open group, with its items in arrival order.
+    pub async fn group(&self, key: &str) -> Result<Option<Group>> {
+        let shard = self.keys.shard_of(key);
+        let mut conn = self.conn.clone();
+        let hash: GroupHash = redis::cmd("HGETALL")
+            .arg(self.keys.group(shard, key))
+            .query_async(&mut conn)
+            .await?;
+        Ok(hash.0.map(|group| Group {
+            key: key.to_owned(),
+            ..group
+        }))
+    }
+
+    /// Lists open groups soonest-due first, after `after`, whose key starts
+    /// with `prefix`. Returns the page and the position to continue from, if
+    /// there may be more. Scans a bounded number of entries per shard, so a
+    /// rare prefix can yield a short (even empty) page with a continuation.
+    pub async fn list_groups(
+        &self,
+        limit: usize,
+        after: Option<&GroupPos>,
+        prefix: &str,
+    ) -> Result<(Vec<Group>, Option<GroupPos>)> {
+        const SCAN_BUDGET: usize = 4096;
+        let scans = (0..self.keys.shards())
+            .map(|shard| self.scan_due(shard, limit, after, prefix, SCAN_BUDGET));
+        let scans = try_join_all(scans).await?;
+
+        // A shard that ran out of budget was read only up to its last position:
+        // the page must stop there too, or it would skip that shard's rest.
+        let cut = scans
+            .iter()
+            .filter_map(|(_, stopped)| stopped.clone())
+            .min();
+        let mut candidates: Vec<(u64, String, u16)> = scans
+            .into_iter()
+            .enumerate()
+            .flat_map(|(shard, (found, _))| {
+                found
+                    .into_iter()
+                    .map(move |(due, key)| (due, key, shard as u16))
+            })
+            .filter(|(due, key, _)| cut.as_ref().is_none_or(|c| (*due, key) <= (c.0, &c.1)))
+            .collect();
+        candidates.sort();
+        let full = candidates.len() > limit;
+        candidates.truncate(limit);
+
+        let groups = self.group_summaries(&candidates).await?;
+        let next = if full || (candidates.len() == limit && cut.is_some()) {
+            candidates.last().map(|(due, key, _)| (*due, key.clone()))
+        } else {
+            cut
+        };
+        Ok((groups, next))
+    }
+
+    /// Reads the metadata (not the items) of the given (due, key, shard)
+    /// groups, in one pipeline. A group flushed meanwhile is left out.
+    async fn group_summaries(&self, candidates: &[(u64, String, u16)]) -> Result<Vec<Group>> {
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        for (_, key, shard) in candidates {
+            pipe.hmget(self.keys.group(*shard, key), &["o", "d", "n", "b"]);
+        }
+        let metas: Vec<Vec<Option<u64>>> = pipe.query_async(&mut conn).await?;
+        let mut groups = Vec::with_capacity(candidates.len());
+        for ((due, key, _), meta) in candidates.iter().zip(metas) {
+            if let [Some(opened), Some(_), Some(size), Some(bytes)] = meta[..] {
+                groups.push(Group {
+                    key: key.clone(),
+                    size: size as u32,
+                    bytes,
+                    opened_at_ms: opened,
+                    due_at_ms: *due,
+                    items: Vec::new(),
+                });
+            }
+        }
+        Ok(groups)
+    }
+
+    /// Reads up to `limit` (due, key) entries of one shard after `after`
+    /// matching `prefix`, scanning at most `budget` entries. Also returns the
+    /// last position scanned when the budget ran out first.
+    async fn scan_due(
+        &self,
+        shard: u16,
+        limit: usize,
+        after: Option<&GroupPos>,
+        prefix: &str,
+        budget: usize,
+    ) -> Result<ShardScan> {
+        let due_key = self.keys.shard(shard).due;
+        let mut conn = self.conn.clone();
+        let min = after.map_or("-inf".to_owned(), |(due, _)| due.to_string());
+        let page = 256.min(budget);
+        let mut found = Vec::new();
+        let mut scanned = 0;
+        let mut last: Option<GroupPos> = None;
+        while found.len() <= limit {
+            let entries: Vec<(String, u64)> = redis::cmd("ZRANGE")
+                .arg(&due_key)
+                .arg(&min)
+                .arg("+inf")
+                .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(scanned)
+                .arg(page)
+                .arg("WITHSCORES")
+                .query_async(&mut conn)
+                .await?;
+            let exhausted = entries.len() < page;
+            scanned += entries.len();
+            for (key, due) in entries {
+                let pos = (due, key);
+                if after.is_some_and(|a| pos <= *a) {
+                    continue;
+                }
+                if pos.1.starts_with(prefix) {
+                    found.push(pos.clone());
+                }
+                last = Some(pos);
+            }
+            if exhausted {
+                return Ok((found, None));
+            }
+            if scanned >= budget {
+                return Ok((found, last));
+            }
+        }
+        Ok((found, None))
+    }
+}

@@ -1,0 +1,264 @@
+//! Subscriptions, live and durable, and the fan-out point they share.
+//!
+//! - Live (`live`): one task per shard tails its stream with blocking reads
+//!   on a dedicated connection (never the shared command connection) and
+//!   publishes each batch on an in-process broadcast channel. Each live
+//!   subscriber has its own task: it first catches up from its position
+//!   with non-blocking reads, then follows the broadcast, skipping what it
+//!   has already seen. If it falls behind the broadcast it catches up from
+//!   Redis again, so a slow subscriber never blocks the tails, the flushes,
+//!   or the other subscribers.
+//! - Durable (`durable`): one task per consumer of a consumer group. It
+//!   reads the group's new batches when a tail announces one (or at a poll
+//!   bound), never more than its queue has room for, and takes over batches
+//!   that other consumers left unacked too long.
+//!
+//! Every Redis call goes through the store.
+
+mod durable;
+mod live;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::batch::{Batch, StreamId};
+use crate::store::{Store, StoreError};
+
+use durable::DurableSubscriber;
+use live::{Subscriber, tail};
+
+/// Batches held for subscribers that are momentarily behind the tails.
+const BROADCAST_CAPACITY: usize = 4096;
+
+/// Where a subscriber is in every shard's stream. Its text form is the opaque
+/// cursor handed out with each batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cursor(pub Vec<StreamId>);
+
+impl Cursor {
+    const VERSION: &str = "c1";
+
+    /// The text form: `c1.<ms>-<seq>.<ms>-<seq>...`, one id per shard.
+    pub fn encode(&self) -> String {
+        let mut out = String::from(Self::VERSION);
+        for id in &self.0 {
+            out.push('.');
+            out.push_str(&id.to_string());
+        }
+        out
+    }
+
+    /// Parses a cursor made for `shards` shards.
+    pub fn decode(text: &str, shards: u16) -> Option<Cursor> {
+        let mut parts = text.split('.');
+        if parts.next()? != Self::VERSION {
+            return None;
+        }
+        let ids = parts
+            .map(|p| p.parse().ok())
+            .collect::<Option<Vec<StreamId>>>()?;
+        (ids.len() == usize::from(shards)).then_some(Cursor(ids))
+    }
+}
+
+/// Which keys a subscriber wants.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub keys: HashSet<String>,
+    pub prefixes: Vec<String>,
+}
+
+impl Filter {
+    /// A canonical text form, stored as a consumer group's definition: sorted,
+    /// de-duplicated, each entry `k` (key) or `p` (prefix), its byte length, `:`, itself.
+    pub fn encode(&self) -> String {
+        let mut keys: Vec<&String> = self.keys.iter().collect();
+        keys.sort();
+        let mut prefixes: Vec<&String> = self.prefixes.iter().collect();
+        prefixes.sort();
+        prefixes.dedup();
+        let mut out = String::new();
+        for (tag, list) in [('k', keys), ('p', prefixes)] {
+            for item in list {
+                out.push_str(&format!("{tag}{}:{item}", item.len()));
+            }
+        }
+        out
+    }
+
+    /// Parses [`Filter::encode`]'s form.
+    pub fn decode(mut text: &str) -> Option<Filter> {
+        let mut filter = Filter::default();
+        while !text.is_empty() {
+            let tag = text.chars().next()?;
+            let colon = text.find(':')?;
+            let len: usize = text.get(1..colon)?.parse().ok()?;
+            let item = text.get(colon + 1..colon + 1 + len)?.to_owned();
+            text = &text[colon + 1 + len..];
+            match tag {
+                'k' => {
+                    filter.keys.insert(item);
+                }
+                'p' => filter.prefixes.push(item),
+                _ => return None,
+            }
+        }
+        Some(filter)
+    }
+
+    /// True when the filter selects every key.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.prefixes.is_empty()
+    }
+
+    /// Empty filters match every key.
+    pub fn matches(&self, key: &str) -> bool {
+        (self.keys.is_empty() && self.prefixes.is_empty())
+            || self.keys.contains(key)
+            || self.prefixes.iter().any(|p| key.starts_with(p.as_str()))
+    }
+}
+
+/// A batch as sent to one subscriber.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    pub batch: Arc<Batch>,
+    /// Live subscriptions: the cursor that resumes right after this batch.
+    pub cursor: String,
+    /// Durable subscriptions: how often the group has been handed this batch.
+    pub delivery_count: u32,
+}
+
+/// What a durable subscription needs besides its filter.
+#[derive(Clone, Debug)]
+pub struct Durable {
+    pub group: String,
+    pub consumer: String,
+    pub ack_timeout: Duration,
+    pub max_deliveries: u32,
+}
+
+/// The fan-out point shared by every subscriber of this instance.
+#[derive(Clone)]
+pub struct Hub {
+    store: Store,
+    live: broadcast::Sender<Arc<Batch>>,
+    buffer: usize,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl Hub {
+    /// Starts one tail task per shard on `tracker`.
+    pub fn start(
+        store: Store,
+        buffer: usize,
+        tracker: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Hub {
+        let (live, _) = broadcast::channel(BROADCAST_CAPACITY);
+        for shard in 0..store.keyspace().shards() {
+            tracker.spawn(tail(store.clone(), shard, live.clone(), shutdown.clone()));
+        }
+        Hub {
+            store,
+            live,
+            buffer,
+            tracker: tracker.clone(),
+            shutdown,
+        }
+    }
+
+    /// The position "now": batches flushed from here on are new.
+    pub async fn now(&self) -> Result<Cursor, StoreError> {
+        Ok(Cursor(self.store.stream_heads().await?))
+    }
+
+    /// Whether a cursor could have come from these streams: none of its
+    /// positions is past the newest entry of its shard.
+    pub async fn is_known(&self, cursor: &Cursor) -> Result<bool, StoreError> {
+        let heads = self.store.stream_heads().await?;
+        Ok(cursor.0.iter().zip(&heads).all(|(pos, head)| pos <= head))
+    }
+
+    /// Starts a subscription after `from`; batches arrive on the receiver.
+    /// It ends when the receiver is dropped or the service shuts down.
+    pub fn subscribe(&self, from: Cursor, filter: Filter) -> mpsc::Receiver<Delivery> {
+        let (tx, rx) = mpsc::channel(self.buffer);
+        let live = self.live.subscribe();
+        let subscriber = Subscriber {
+            store: self.store.clone(),
+            position: from,
+            filter,
+            tx,
+        };
+        self.tracker
+            .spawn(subscriber.run(live, self.shutdown.clone()));
+        rx
+    }
+
+    /// Starts a durable subscription through a consumer group (which must
+    /// exist); batches arrive on the receiver and stay pending until acked.
+    pub fn subscribe_durable(&self, durable: Durable, filter: Filter) -> mpsc::Receiver<Delivery> {
+        let (tx, rx) = mpsc::channel(self.buffer);
+        let subscriber = DurableSubscriber {
+            store: self.store.clone(),
+            durable,
+            filter,
+            tx,
+        };
+        self.tracker
+            .spawn(subscriber.run(self.live.subscribe(), self.shutdown.clone()));
+        rx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cursor survives its text form, and malformed or foreign cursors are refused.
+    #[test]
+    fn cursor_round_trip() {
+        let cursor = Cursor(vec![StreamId { ms: 5, seq: 1 }, StreamId::ZERO]);
+        let text = cursor.encode();
+        assert_eq!(Cursor::decode(&text, 2), Some(cursor));
+        assert_eq!(Cursor::decode(&text, 3), None);
+        assert_eq!(Cursor::decode("c1.5-1.x", 2), None);
+        assert_eq!(Cursor::decode("0", 2), None);
+        assert_eq!(Cursor::decode("", 2), None);
+    }
+
+    /// Empty filters match all keys; otherwise exact keys plus prefixes.
+    #[test]
+    fn filter_matching() {
+        assert!(Filter::default().matches("anything"));
+        let filter = Filter {
+            keys: ["north".to_string()].into(),
+            prefixes: vec!["south-".into()],
+        };
+        assert!(filter.matches("north"));
+        assert!(filter.matches("south-3"));
+        assert!(!filter.matches("northwest"));
+        assert!(!filter.matches("east"));
+    }
+
+    /// A consumer group's filter survives its stored form, including odd keys.
+    #[test]
+    fn filter_round_trip() {
+        let filter = Filter {
+            keys: ["a:b".to_string(), "k7:x".to_string(), "ключ".to_string()].into(),
+            prefixes: vec!["p-".into(), "".into()],
+        };
+        let decoded = Filter::decode(&filter.encode()).unwrap();
+        assert_eq!(decoded.keys, filter.keys);
+        assert_eq!(decoded.encode(), filter.encode());
+        assert!(Filter::decode("").unwrap().is_empty());
+        assert!(Filter::decode("k9:x").is_none());
+    }
+}
