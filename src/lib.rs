@@ -11,7 +11,8 @@
 //! - `sweeper`: flushes groups whose wait window has passed.
 //! - `subscribers`: tails the shard streams and fans batches out to subscribers.
 //! - `service`: the gRPC API, validation, and the mapping of errors to status codes.
-//! - `embedded`: runs and supervises a `redis-server` child when no URL is configured.
+//! - `embedded`: runs and supervises a `redis-server` child when no URL is configured;
+//!   its `launcher` starts every `redis-server` child (embedded mode, bench, tests).
 //! - `server`: wires it all together and serves until shutdown.
 
 pub mod batch;

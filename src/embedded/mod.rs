@@ -337,7 +337,11 @@ async fn check_tcp_stale(data_dir: &Path) -> Result<(), EmbeddedError> {
     };
     if let Ok(port) = text.trim().parse::<u16>() {
         let listen = Listen::Port(port);
-        if launcher::config_dir(&launcher::url(&listen)).await.as_deref() == Some(data_dir) {
+        if launcher::config_dir(&launcher::url(&listen))
+            .await
+            .as_deref()
+            == Some(data_dir)
+        {
             return Err(EmbeddedError::AlreadyRunning {
                 data_dir: data_dir.to_path_buf(),
                 endpoint: endpoint(&listen),

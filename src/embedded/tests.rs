@@ -235,3 +235,70 @@ async fn invalid_appendfsync_is_rejected() {
 fn url_path_encodes() {
     assert_eq!(url_path(Path::new("/a b/c%d.sock")), "/a%20b/c%25d.sock");
 }
+
+/// The launcher's defaults: a free loopback port, its own temp dir, ready on return; drop kills the child and removes the dir.
+#[test]
+fn launcher_start_then_drop_kills_and_cleans_up() {
+    let server = launcher::Launch::new()
+        .binary("/usr/bin/redis-server")
+        .start()
+        .unwrap();
+    let port = server.port().expect("a TCP port");
+    assert_eq!(server.url(), format!("redis://127.0.0.1:{port}"));
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let pong: String = redis::cmd("PING").query(&mut con).unwrap();
+    assert_eq!(pong, "PONG");
+    let (pid, dir) = (server.pid().unwrap(), server.dir().to_path_buf());
+    assert!(server.is_running() && dir.join(launcher::LOG_NAME).is_file());
+    drop(server);
+    assert!(!alive(i32::try_from(pid).unwrap()), "child survived drop");
+    assert!(!dir.exists(), "temp dir left behind");
+}
+
+/// A start on a port another server holds fails with AddressInUse, not by mistaking that server for its own.
+#[test]
+fn launcher_taken_port_is_address_in_use() {
+    let first = launcher::Launch::new()
+        .binary("/usr/bin/redis-server")
+        .start()
+        .unwrap();
+    let port = first.port().unwrap();
+    let err = launcher::Launch::new()
+        .binary("/usr/bin/redis-server")
+        .listen(launcher::Listen::Port(port))
+        .start()
+        .unwrap_err();
+    assert!(
+        matches!(err, launcher::LaunchError::AddressInUse { .. }),
+        "{err}"
+    );
+    assert!(first.is_running());
+}
+
+/// start_async passes extra `--flag value` arguments, and terminate_async stops the child in time.
+#[tokio::test]
+async fn launcher_async_args_and_terminate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut server = launcher::Launch::new()
+        .binary("/usr/bin/redis-server")
+        .dir(tmp.path())
+        .config("maxmemory-policy", "allkeys-lru")
+        .start_async()
+        .await
+        .unwrap();
+    let mut con = connect(server.url()).await.unwrap();
+    let policy: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(policy[1], "allkeys-lru");
+    let pid = server.pid().unwrap();
+    assert_eq!(server.dir(), tmp.path());
+    assert!(server.terminate_async(Duration::from_secs(10)).await);
+    assert!(server.pid().is_none() && !alive(i32::try_from(pid).unwrap()));
+}

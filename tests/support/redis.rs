@@ -299,7 +299,9 @@ impl RedisServer {
                 .env("LD_PRELOAD", clock_skew_shim())
                 .env("SKEW_SECS", secs);
         }
-        c.extra_args.iter().fold(launch, |launch, arg| launch.arg(arg))
+        c.extra_args
+            .iter()
+            .fold(launch, |launch, arg| launch.arg(arg))
     }
 
     /// Waits (until `deadline`) until our ports can be bound again, since the previous
