@@ -15,7 +15,8 @@
 //! - `subscribers`: live subscriptions (shard tails fanned out to subscribers)
 //!   and durable ones (consumers of a consumer group).
 //! - `service`: the gRPC API, validation, and the mapping of errors to status codes.
-//! - `embedded`: runs and supervises a `redis-server` child when no URL is configured.
+//! - `embedded`: runs and supervises a `redis-server` child when no URL is configured;
+//!   its `launcher` starts every `redis-server` child (embedded mode, bench, tests).
 //! - `server`: wires it all together and serves until shutdown.
 
 pub mod batch;

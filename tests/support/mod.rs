@@ -226,6 +226,6 @@ impl Drop for Process {
 
 /// A loopback address with a port that was free a moment ago.
 pub fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("local addr")
+    let port = batcher::embedded::launcher::free_port().expect("free port");
+    SocketAddr::from(([127, 0, 0, 1], port))
 }

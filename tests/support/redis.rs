@@ -1,25 +1,25 @@
-//! Real `redis-server` processes for integration tests.
+//! Real `redis-server` processes for integration tests, started with the
+//! library's launcher (`batcher::embedded::launcher`).
 //!
 //! Every [`RedisServer`] gets its own free port and its own temporary directory, so tests
-//! never share state and never need `FLUSHALL`. The server's output goes to files in that
-//! directory (nothing interleaves with the test output), and the process is killed when the
-//! handle is dropped, or by the kernel if the test process dies first.
+//! never share state and never need `FLUSHALL`. The server's output goes to a log file in
+//! that directory (nothing interleaves with the test output), and the process is killed when
+//! the handle is dropped, or by the kernel if the test process dies first.
 //!
-//! The harness is synchronous on purpose: it only spawns processes and speaks a few bytes
-//! of RESP by hand, so it works from plain `#[test]`s and from async tests alike.
+//! The harness is synchronous on purpose, so it works from plain `#[test]`s and from async
+//! tests alike.
 //!
 //! Needs `redis-server` and `redis-cli` (7.0 or later) on `PATH`;
 //! [`RedisServerBuilder::clock_skew_secs`] also needs a C compiler (`cc`).
 #![allow(dead_code)]
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use batcher::embedded::launcher::{self, Launch, LaunchError, Listen};
 use tempfile::TempDir;
 
 /// How long a server gets to answer `PING` (and finish loading its AOF) after being spawned.
@@ -30,13 +30,9 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 const RESTART_PORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a freshly created cluster gets to reach `cluster_state:ok` on every node.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
-/// A fresh start picks a new free port this many times before giving up: another process
-/// can grab the port between our probe and Redis's own bind.
+/// A fresh start picks new free ports this many times before giving up: another process
+/// can grab a port between our probe and Redis's own bind.
 const PORT_ATTEMPTS: usize = 5;
-
-const LOG_FILE: &str = "redis.log";
-const STDOUT_FILE: &str = "stdout.log";
-const STDERR_FILE: &str = "stderr.log";
 
 /// A real redis-server for one test: own free port, own temp dir, killed on drop.
 ///
@@ -46,7 +42,8 @@ const STDERR_FILE: &str = "stderr.log";
 /// child: a server started (or restarted) on a short-lived helper thread dies with that
 /// thread, so start servers on the test's own thread.
 pub struct RedisServer {
-    child: Option<Child>,
+    /// The running child, if any; `None` after `kill`/`stop` until `restart`.
+    server: Option<launcher::RedisServer>,
     port: u16,
     /// Cluster bus port, chosen explicitly (`--cluster-port`) because the default
     /// `port + 10000` is often above 65535 for ports from the ephemeral range.
@@ -55,7 +52,6 @@ pub struct RedisServer {
     // Declared last so it is removed only after `Drop` has killed the process.
     dir: TempDir,
 }
-
 /// Options for a [`RedisServer`]; get one from [`RedisServer::builder`].
 #[derive(Clone, Debug)]
 pub struct RedisServerBuilder {
@@ -131,7 +127,7 @@ impl RedisServerBuilder {
             .expect("cannot create a temporary directory for redis-server");
         let cluster_enabled = self.cluster_enabled;
         let mut server = RedisServer {
-            child: None,
+            server: None,
             port: 0,
             cluster_port: None,
             config: self,
@@ -145,11 +141,8 @@ impl RedisServerBuilder {
             }
             match server.launch() {
                 Ok(()) => return server,
-                Err(Failure::AddressInUse(reason)) => {
-                    server.kill();
-                    reasons.push(reason);
-                }
-                Err(Failure::Other(reason)) => server.fail(&reason),
+                Err(e @ LaunchError::AddressInUse { .. }) => reasons.push(e.to_string()),
+                Err(e) => server.fail(&e.to_string()),
             }
         }
         server.fail(&format!(
@@ -181,29 +174,31 @@ impl RedisServer {
     }
 
     /// The server's working directory: the AOF (`appendonlydir/`), `nodes.conf` and the
-    /// log files live here. Removed when the server is dropped.
+    /// log file live here. Removed when the server is dropped.
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
 
-    /// The contents of the server's log file, across all its restarts.
+    /// The contents of the server's log file (its log, stdout and stderr), across all its
+    /// restarts.
     pub fn log(&self) -> String {
-        read_lossy(&self.dir.path().join(LOG_FILE))
+        let path = self.dir.path().join(launcher::LOG_NAME);
+        std::fs::read(&path)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_else(|err| format!("(cannot read {}: {err})", path.display()))
     }
 
     /// The pid of the running `redis-server` process, if one was started and not yet
     /// killed or stopped.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.server.as_ref().and_then(launcher::RedisServer::pid)
     }
 
     /// Kills the server with SIGKILL and waits for it to exit: a crash, with no chance to
     /// flush anything. Does nothing if it is not running.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // Errors only mean it has already exited, which is what we want anyway.
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut server) = self.server.take() {
+            server.kill();
         }
     }
 
@@ -211,28 +206,14 @@ impl RedisServer {
     /// waits for it to exit. Does nothing if it is not running. Panics, with the log, if it
     /// is still running after 10 s (it is then killed).
     pub fn stop(&mut self) {
-        let Some(child) = self.child.as_mut() else {
+        let Some(mut server) = self.server.take() else {
             return;
         };
-        let pid = libc::pid_t::try_from(child.id()).expect("pid fits in pid_t");
-        // SAFETY: plain kill(2) on our own, not yet reaped child.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        let mut backoff = Backoff::new();
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => backoff.sleep(),
-                Ok(None) => {
-                    self.kill();
-                    self.fail(&format!(
-                        "did not exit within {STOP_TIMEOUT:?} of SIGTERM, so it was killed"
-                    ));
-                }
-                Err(err) => panic!("cannot wait for redis-server (pid {pid}): {err}"),
-            }
+        if !server.terminate(STOP_TIMEOUT) {
+            self.fail(&format!(
+                "did not exit within {STOP_TIMEOUT:?} of SIGTERM, so it was killed"
+            ));
         }
-        self.child = None;
     }
 
     /// Starts the server again on the same port and in the same directory, so it reloads
@@ -249,13 +230,10 @@ impl RedisServer {
             self.wait_ports_free(deadline);
             match self.launch() {
                 Ok(()) => return,
-                Err(Failure::AddressInUse(_)) if Instant::now() < deadline => {
-                    self.kill();
+                Err(LaunchError::AddressInUse { .. }) if Instant::now() < deadline => {
                     backoff.sleep();
                 }
-                Err(Failure::AddressInUse(reason) | Failure::Other(reason)) => {
-                    self.fail(&format!("restart failed: {reason}"))
-                }
+                Err(e) => self.fail(&format!("restart failed: {e}")),
             }
         }
     }
@@ -288,127 +266,42 @@ impl RedisServer {
 
     /// Whether the server process is alive (started, not killed or stopped, not crashed).
     pub fn is_running(&self) -> bool {
-        let Some(child) = self.child.as_ref() else {
-            return false;
-        };
-        let pid = libc::id_t::from(child.id());
-        // WNOWAIT peeks at the child's state without reaping it, so `Child::wait` still
-        // works later and this can take `&self`.
-        // SAFETY: siginfo_t is plain data; zeroed is its documented "no child changed" state.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waitid(2) on our own child with a valid out-pointer.
-        let rc = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            )
-        };
-        // rc == -1 (ECHILD) means it was already reaped; si_pid != 0 means it has exited.
-        // SAFETY: waitid filled `info` (or left it zeroed).
-        rc == 0 && unsafe { info.si_pid() } == 0
+        self.server
+            .as_ref()
+            .is_some_and(launcher::RedisServer::is_running)
     }
 
-    /// Spawns redis-server on `self.port` and waits until it is ready. On failure the
-    /// child is left in `self.child` for the caller to kill (or for `Drop`).
-    fn launch(&mut self) -> Result<(), Failure> {
-        let dir = self.dir.path().to_owned();
-        // Only output written by this attempt decides whether it hit a taken port.
-        let marks = OutputMarks::take(&dir);
-        let mut cmd = Command::new("redis-server");
-        cmd.args(self.args())
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(append_file(&dir.join(STDOUT_FILE)))
-            .stderr(append_file(&dir.join(STDERR_FILE)));
-        if let Some(secs) = &self.config.clock_skew {
-            cmd.env("LD_PRELOAD", clock_skew_shim())
+    /// Starts redis-server on `self.port` with the launcher and waits until it is ready.
+    fn launch(&mut self) -> Result<(), LaunchError> {
+        self.server = Some(self.launch_config().start()?);
+        Ok(())
+    }
+
+    /// How the launcher runs this server.
+    fn launch_config(&self) -> Launch {
+        let c = &self.config;
+        let mut launch = Launch::new()
+            .dir(self.dir.path())
+            .listen(Listen::Port(self.port))
+            .ready_timeout(READY_TIMEOUT)
+            .config("appendonly", if c.appendonly { "yes" } else { "no" })
+            .config("appendfsync", &c.appendfsync)
+            .config("protected-mode", "no");
+        if let Some(bus) = self.cluster_port {
+            launch = launch
+                .config("cluster-enabled", "yes")
+                .config("cluster-config-file", "nodes.conf")
+                .config("cluster-node-timeout", "2000")
+                .config("cluster-port", bus.to_string());
+        }
+        if let Some(secs) = &c.clock_skew {
+            launch = launch
+                .env("LD_PRELOAD", clock_skew_shim())
                 .env("SKEW_SECS", secs);
         }
-        set_parent_death_signal(&mut cmd);
-        let child = cmd.spawn().map_err(|err| {
-            Failure::Other(format!("cannot spawn redis-server (is it on PATH?): {err}"))
-        })?;
-        self.child = Some(child);
-        self.wait_ready(Instant::now() + READY_TIMEOUT)
-            .map_err(|reason| marks.classify(&dir, reason))
-    }
-
-    fn args(&self) -> Vec<String> {
-        let dir = self.dir.path();
-        let c = &self.config;
-        let mut args: Vec<String> = [
-            "--port",
-            &self.port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            &dir.to_string_lossy(),
-            "--logfile",
-            &dir.join(LOG_FILE).to_string_lossy(),
-            "--save",
-            "",
-            "--appendonly",
-            if c.appendonly { "yes" } else { "no" },
-            "--appendfsync",
-            &c.appendfsync,
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        if c.cluster_enabled {
-            let bus = self.cluster_port.expect("cluster node has a bus port");
-            for arg in [
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
-                "--cluster-port",
-                &bus.to_string(),
-            ] {
-                args.push(arg.to_owned());
-            }
-        }
-        args.extend(c.extra_args.iter().cloned());
-        args
-    }
-
-    /// Polls until the server answers `PING` with `+PONG`, reports `loading:0` and turns out
-    /// to be *our* process (not another test's server that owns the port), or until
-    /// `deadline`. Returns why it is not ready on failure.
-    fn wait_ready(&mut self, deadline: Instant) -> Result<(), String> {
-        let child = self.child.as_mut().expect("wait_ready after spawn");
-        let pid = child.id();
-        let mut backoff = Backoff::new();
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) => return Err(format!("redis-server exited early ({status})")),
-                Ok(None) => {}
-                Err(err) => return Err(format!("cannot wait for redis-server: {err}")),
-            }
-            let last = match probe(self.port) {
-                Ok(Probe::Ready { pid: server_pid }) if server_pid == pid => return Ok(()),
-                Ok(Probe::Ready { pid: server_pid }) => format!(
-                    "port {} is answered by another redis-server (pid {server_pid}, ours is {pid})",
-                    self.port
-                ),
-                Ok(Probe::NotYet(why)) => why,
-                Err(err) => err.to_string(),
-            };
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "not ready within {READY_TIMEOUT:?} (last probe: {last})"
-                ));
-            }
-            backoff.sleep();
-        }
+        c.extra_args
+            .iter()
+            .fold(launch, |launch, arg| launch.arg(arg))
     }
 
     /// Waits (until `deadline`) until our ports can be bound again, since the previous
@@ -431,22 +324,13 @@ impl RedisServer {
     /// Panics with everything the server wrote, after killing it.
     fn fail(&mut self, reason: &str) -> ! {
         self.kill();
-        let dir = self.dir.path();
         panic!(
-            "redis-server on 127.0.0.1:{} (dir {}) failed: {reason}\n\
-             --- {LOG_FILE} ---\n{}\n--- stderr ---\n{}\n--- stdout ---\n{}",
+            "redis-server on 127.0.0.1:{} (dir {}) failed: {reason}\n--- {} ---\n{}",
             self.port,
-            dir.display(),
+            self.dir.path().display(),
+            launcher::LOG_NAME,
             self.log(),
-            read_lossy(&dir.join(STDERR_FILE)),
-            read_lossy(&dir.join(STDOUT_FILE)),
         );
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -524,8 +408,9 @@ impl RedisCluster {
                 "(not running)".to_owned()
             };
             report.push_str(&format!(
-                "\n=== node 127.0.0.1:{} ===\n--- CLUSTER INFO ---\n{info}\n--- {LOG_FILE} ---\n{}",
+                "\n=== node 127.0.0.1:{} ===\n--- CLUSTER INFO ---\n{info}\n--- {} ---\n{}",
                 node.port(),
+                launcher::LOG_NAME,
                 node.log()
             ));
         }
@@ -533,130 +418,10 @@ impl RedisCluster {
     }
 }
 
-/// Why a launch failed: a taken port is worth retrying, anything else is not.
-enum Failure {
-    AddressInUse(String),
-    Other(String),
-}
-
-/// Sizes of the output files before a launch, so that only what this attempt wrote is
-/// searched for "Address already in use" (the files are appended to across restarts).
-struct OutputMarks {
-    log: u64,
-    stderr: u64,
-}
-
-impl OutputMarks {
-    fn take(dir: &Path) -> Self {
-        let len = |name| fs::metadata(dir.join(name)).map_or(0, |m| m.len());
-        OutputMarks {
-            log: len(LOG_FILE),
-            stderr: len(STDERR_FILE),
-        }
-    }
-
-    fn classify(&self, dir: &Path, reason: String) -> Failure {
-        let new_log = read_from(&dir.join(LOG_FILE), self.log);
-        let new_stderr = read_from(&dir.join(STDERR_FILE), self.stderr);
-        if new_log.contains("Address already in use")
-            || new_stderr.contains("Address already in use")
-        {
-            Failure::AddressInUse(reason)
-        } else {
-            Failure::Other(reason)
-        }
-    }
-}
-
-enum Probe {
-    Ready { pid: u32 },
-    NotYet(String),
-}
-
-/// One readiness check: `PING` must answer `+PONG` (not `-LOADING`), then `INFO` must show
-/// `loading:0`; returns the answering server's `process_id` so the caller can tell whether
-/// it is talking to its own child.
-fn probe(port: u16) -> io::Result<Probe> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
-    stream.set_read_timeout(Some(Duration::from_secs(1)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(1)))?;
-    let mut conn = BufReader::new(stream);
-
-    match command(&mut conn, &["PING"])? {
-        Reply::Simple(s) if s == "PONG" => {}
-        other => return Ok(Probe::NotYet(format!("PING answered {other:?}"))),
-    }
-    let info = match command(&mut conn, &["INFO", "server", "persistence"])? {
-        Reply::Bulk(info) => info,
-        other => return Ok(Probe::NotYet(format!("INFO answered {other:?}"))),
-    };
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    };
-    if field("loading") != Some("0") {
-        return Ok(Probe::NotYet("still loading its data".to_owned()));
-    }
-    match field("process_id").and_then(|pid| pid.parse().ok()) {
-        Some(pid) => Ok(Probe::Ready { pid }),
-        None => Ok(Probe::NotYet("INFO has no process_id".to_owned())),
-    }
-}
-
-/// The few RESP reply kinds the readiness probe needs to tell apart.
-#[derive(Debug)]
-enum Reply {
-    Simple(String),
-    Error(String),
-    Bulk(String),
-    Other(String),
-}
-
-/// Sends one command as a RESP array and reads one reply.
-fn command(conn: &mut BufReader<TcpStream>, args: &[&str]) -> io::Result<Reply> {
-    let mut request = format!("*{}\r\n", args.len());
-    for arg in args {
-        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-    }
-    conn.get_mut().write_all(request.as_bytes())?;
-
-    let mut line = String::new();
-    if conn.read_line(&mut line)? == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed",
-        ));
-    }
-    let line = line.trim_end_matches("\r\n");
-    let (kind, rest) = line.split_at(line.len().min(1));
-    Ok(match kind {
-        "+" => Reply::Simple(rest.to_owned()),
-        "-" => Reply::Error(rest.to_owned()),
-        "$" => {
-            let len: usize = rest.parse().map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("bad bulk length {rest:?}"),
-                )
-            })?;
-            let mut body = vec![0; len + 2]; // payload + CRLF
-            conn.read_exact(&mut body)?;
-            body.truncate(len);
-            Reply::Bulk(String::from_utf8_lossy(&body).into_owned())
-        }
-        _ => Reply::Other(line.to_owned()),
-    })
-}
-
-/// A port that was free a moment ago: bind port 0, read what the kernel chose, release it.
-/// Another process may take it before redis-server binds it; `start` retries for that.
+/// A port that was free a moment ago; another process may take it before redis-server
+/// binds it, and `start` retries for that.
 fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .expect("cannot bind 127.0.0.1:0 to find a free port")
-        .port()
+    launcher::free_port().expect("cannot bind 127.0.0.1:0 to find a free port")
 }
 
 /// Compiles `clock_skew.c` once per test binary and returns the shared object's path.
@@ -676,53 +441,6 @@ fn clock_skew_shim() -> PathBuf {
         out
     })
     .clone()
-}
-
-/// Makes the kernel SIGKILL the server when the test process (strictly: the spawning
-/// thread) dies, so a crashed or killed test run leaves no redis-server behind.
-#[cfg(target_os = "linux")]
-fn set_parent_death_signal(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    let parent = std::process::id();
-    // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
-    // functions (prctl, getppid, _exit).
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died before prctl took effect.
-            if u32::try_from(libc::getppid()).ok() != Some(parent) {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn set_parent_death_signal(_cmd: &mut Command) {}
-
-fn append_file(path: &Path) -> File {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap_or_else(|err| panic!("cannot open {}: {err}", path.display()))
-}
-
-fn read_lossy(path: &Path) -> String {
-    fs::read(path)
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-        .unwrap_or_else(|err| format!("(cannot read {}: {err})", path.display()))
-}
-
-fn read_from(path: &Path, offset: u64) -> String {
-    let bytes = fs::read(path).unwrap_or_default();
-    let start = usize::try_from(offset)
-        .unwrap_or(usize::MAX)
-        .min(bytes.len());
-    String::from_utf8_lossy(&bytes[start..]).into_owned()
 }
 
 /// Short exponential backoff for polling loops: 5 ms doubling up to 100 ms.

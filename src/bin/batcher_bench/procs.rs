@@ -1,38 +1,26 @@
-//! Child processes of the bench: its own `redis-server`, the service under
-//! test, and what can be read about them from `/proc`.
+//! Child processes of the bench: its own `redis-server` (through the
+//! library's launcher), the service under test, and what can be read about
+//! them from `/proc`.
 //!
-//! Every child is spawned with `PR_SET_PDEATHSIG = SIGKILL` and held in a
-//! [`ChildGuard`] that kills it on drop, so no child outlives the bench,
-//! whether it returns, panics or is killed. The death signal fires when the
-//! *thread* that spawned the child exits, so children must be spawned from the
-//! main thread (the bench's main future runs there, inside `block_on`), never
-//! from a tokio worker or blocking-pool thread, which may exit while the bench
-//! still needs the child.
+//! Every child is spawned with `PR_SET_PDEATHSIG = SIGKILL` and killed on
+//! drop (by a [`ChildGuard`], or by the launcher's handle for Redis), so no
+//! child outlives the bench, whether it returns, panics or is killed. The
+//! death signal fires when the *thread* that spawned the child exits, so
+//! children must be spawned from the main thread (the bench's main future
+//! runs there, inside `block_on`), never from a tokio worker or blocking-pool
+//! thread, which may exit while the bench still needs the child.
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use batcher::embedded::launcher::{self, Launch, LaunchError};
 
 /// Makes `cmd`'s child receive SIGKILL when the spawning thread exits, and
-/// exit at once if the bench is already gone by the time it starts.
+/// fail to start if the bench is already gone by the time it starts.
 pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (prctl, getppid, _exit).
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        })
-    }
+    launcher::set_parent_death_signal(cmd, libc::SIGKILL)
 }
 
 /// A child process that is killed and reaped when the guard is dropped.
@@ -47,13 +35,6 @@ impl ChildGuard {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
-    }
-
-    /// Whether the child has exited (it is reaped if so).
-    pub fn exited(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
     /// Kills and reaps the child; idempotent.
@@ -71,106 +52,34 @@ impl Drop for ChildGuard {
     }
 }
 
-/// A free TCP port on the loopback interface (free when asked; another
-/// process could take it before we use it, hence the retries by callers).
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// The bench's own `redis-server`: loopback only, no persistence, in a
-/// temporary directory that is removed on drop.
+/// The bench's own `redis-server`, started by the library's launcher:
+/// loopback only, no persistence, in a temporary directory that is removed
+/// on drop.
 pub struct RedisServer {
-    guard: ChildGuard,
-    dir: PathBuf,
+    server: launcher::RedisServer,
     pub url: String,
 }
 
 impl RedisServer {
     /// Starts `redis-server` on a free loopback port and waits until it answers PING.
     pub async fn start() -> Result<RedisServer, String> {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .subsec_nanos();
-        let dir =
-            std::env::temp_dir().join(format!("batcher-bench-{}-{nanos:09}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let mut last_error = String::new();
-        for _attempt in 0..3 {
-            let port = free_port().map_err(|e| format!("no free port: {e}"))?;
-            let log = dir.join("redis.log");
-            let mut cmd = Command::new("redis-server");
-            cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--save", "", "--appendonly", "no"])
-                .args(["--protected-mode", "no", "--daemonize", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .arg("--logfile")
-                .arg(&log)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit());
-            die_with_parent(&mut cmd);
-            let child = match cmd.spawn() {
-                Ok(child) => child,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    let _ = std::fs::remove_dir_all(&dir);
-                    return Err(
-                        "redis-server not found on PATH. Install it (Debian/Ubuntu: \
-                         `sudo apt-get install redis-server`, or run scripts/ensure-redis), \
-                         or pass --redis-url"
-                            .into(),
-                    );
-                }
-                Err(e) => return Err(format!("cannot start redis-server: {e}")),
-            };
-            let mut server = RedisServer {
-                guard: ChildGuard::new(child),
-                dir: dir.clone(),
-                url: format!("redis://127.0.0.1:{port}"),
-            };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if server.guard.exited() {
-                    break;
-                }
-                if ping(&server.url).await.is_ok() {
-                    return Ok(server);
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            server.guard.stop();
-            last_error = std::fs::read_to_string(&log)
-                .unwrap_or_default()
-                .lines()
-                .rev()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" | ");
-            // Keep the directory for the next attempt: `server` owns a copy of
-            // its path and would remove it on drop.
-            std::mem::forget(server);
+        let launch = Launch::new().config("appendonly", "no");
+        match launch.start_async().await {
+            Ok(server) => Ok(RedisServer {
+                url: server.url().to_owned(),
+                server,
+            }),
+            Err(LaunchError::NotInstalled { .. }) => Err("redis-server not found on PATH. \
+                 Install it (Debian/Ubuntu: `sudo apt-get install redis-server`, or run \
+                 scripts/ensure-redis), or pass --redis-url"
+                .into()),
+            Err(e) => Err(format!("redis-server did not start: {e}")),
         }
-        let _ = std::fs::remove_dir_all(&dir);
-        Err(format!("redis-server did not start: {last_error}"))
     }
 
     pub fn pid(&self) -> u32 {
-        self.guard.pid()
+        self.server.pid().unwrap_or(0)
     }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.guard.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-async fn ping(url: &str) -> redis::RedisResult<()> {
-    let client = redis::Client::open(url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    redis::cmd("PING").query_async::<()>(&mut conn).await
 }
 
 /// The service under test, running as a child (the bench binary re-executed
