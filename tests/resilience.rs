@@ -6,7 +6,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
@@ -45,6 +45,15 @@ max_wait = "500ms"
     let service = Service::start(config(&redis.url(), extra)).await;
     let mut client = service.client().await;
     client.add(add("k", "before", b"")).await.unwrap();
+    let group = client.get_group(pb::GetGroupRequest { key: "k".into() });
+    let due = group
+        .await
+        .unwrap()
+        .into_inner()
+        .group
+        .unwrap()
+        .due_at
+        .unwrap();
     redis.stop();
 
     let started = Instant::now();
@@ -61,8 +70,13 @@ max_wait = "500ms"
         .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
 
-    // The group fell due while Redis was down.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Let the group fall due while Redis is down (Redis's clock is this host's).
+    eventually("the group to fall due", || {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let due = Duration::new(due.seconds as u64, due.nanos as u32);
+        async move { (now > due).then_some(()) }
+    })
+    .await;
     redis.restart();
     let batch = eventually("the overdue group to be flushed", || {
         let store = store(&config(&redis.url(), extra));
@@ -77,6 +91,51 @@ max_wait = "500ms"
     })
     .await;
     service.stop().await;
+}
+
+/// One caller of the two-instance test: 150 adds (every tenth an AddMany of
+/// 5) of random ids that other callers add too, as retries would. Counts the
+/// adds answered ADDED in `accepted`, and checks every batch it is handed.
+async fn shared_id_caller(
+    mut client: BatcherClient<Channel>,
+    task: u64,
+    accepted: Arc<Mutex<HashMap<ItemRef, usize>>>,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(task);
+    for i in 0..150 {
+        let key = format!("area-{}", rng.random_range(0..6));
+        let id = format!("parcel-{}", rng.random_range(0..600));
+        let ids: Vec<String> = if i % 10 == 0 {
+            (0..5).map(|j| format!("{id}-{j}")).collect()
+        } else {
+            vec![id]
+        };
+        let results = if ids.len() > 1 {
+            let items = ids.iter().map(|id| add(&key, id, b"x")).collect();
+            let many = client.add_many(pb::AddManyRequest { items }).await;
+            many.unwrap().into_inner().results
+        } else {
+            vec![
+                client
+                    .add(add(&key, &ids[0], b"x"))
+                    .await
+                    .unwrap()
+                    .into_inner(),
+            ]
+        };
+        for (resp, id) in results.into_iter().zip(ids) {
+            if resp.outcome == pb::AddOutcome::Added as i32 {
+                *accepted
+                    .lock()
+                    .unwrap()
+                    .entry((key.clone(), id.into_bytes()))
+                    .or_insert(0) += 1;
+            }
+            if let Some(batch) = resp.flushed {
+                assert!(batch.items.len() <= 7);
+            }
+        }
+    }
 }
 
 /// Many tasks add to the same keys through two instances sharing one Redis,
@@ -98,51 +157,16 @@ max_sleep = "50ms"
     let accepted: Arc<Mutex<HashMap<ItemRef, usize>>> = Arc::default();
     let mut tasks = Vec::new();
     for task in 0..16 {
-        let mut client = if task % 2 == 0 {
+        let client = if task % 2 == 0 {
             a.client().await
         } else {
             b.client().await
         };
-        let accepted = accepted.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(task);
-            for i in 0..150 {
-                let key = format!("area-{}", rng.random_range(0..6));
-                // Ids are shared between tasks, so the same item is added
-                // concurrently by several callers, as retries would be.
-                let id = format!("parcel-{}", rng.random_range(0..600));
-                let req = if i % 10 == 0 {
-                    let items = (0..5)
-                        .map(|j| add(&key, &format!("{id}-{j}"), b"x"))
-                        .collect();
-                    client
-                        .add_many(pb::AddManyRequest { items })
-                        .await
-                        .unwrap()
-                        .into_inner()
-                        .results
-                } else {
-                    vec![client.add(add(&key, &id, b"x")).await.unwrap().into_inner()]
-                };
-                let ids: Vec<String> = if i % 10 == 0 {
-                    (0..5).map(|j| format!("{id}-{j}")).collect()
-                } else {
-                    vec![id]
-                };
-                for (resp, id) in req.into_iter().zip(ids) {
-                    if resp.outcome == pb::AddOutcome::Added as i32 {
-                        *accepted
-                            .lock()
-                            .unwrap()
-                            .entry((key.clone(), id.into_bytes()))
-                            .or_insert(0) += 1;
-                    }
-                    if let Some(batch) = resp.flushed {
-                        assert!(batch.items.len() <= 7);
-                    }
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(shared_id_caller(
+            client,
+            task,
+            accepted.clone(),
+        )));
     }
     for task in tasks {
         task.await.unwrap();
