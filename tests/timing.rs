@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use batcher::pb;
-use support::{Process, RedisServer, Service, add, config, next_batch, wait_for_calls};
+use support::{Process, RedisServer, Service, add, command_calls, config, eventually, next_batch};
 
 fn ms(ts: &prost_types::Timestamp) -> i64 {
     ts.seconds * 1000 + i64::from(ts.nanos) / 1_000_000
@@ -16,9 +16,14 @@ fn ms(ts: &prost_types::Timestamp) -> i64 {
 const SCRIPT_CALLS: &[&str] = &["evalsha", "eval", "evalsha_ro", "eval_ro", "fcall"];
 
 /// Waits until each of the 4 test shards' sweepers has scanned once: before
-/// any add, the sweepers' due scans are the only scripts the service runs.
+/// any add, the sweepers' due scans are the only scripts run on this
+/// (fresh) Redis, and each scans once before its first sleep.
 async fn wait_for_first_sweeps(redis: &RedisServer) {
-    wait_for_calls(redis, SCRIPT_CALLS, 4).await;
+    eventually("each sweeper's first scan", || {
+        let scans = command_calls(redis, SCRIPT_CALLS);
+        async move { (scans >= 4).then_some(()) }
+    })
+    .await;
 }
 
 /// A group flushes by TIMEOUT at opened + max_wait, never early, even when the
@@ -91,9 +96,6 @@ async fn a_live_instance_flushes_groups_another_instance_opened() {
         .await
         .unwrap()
         .into_inner();
-    // The live instance has looked once and found nothing: from here on
-    // only its poll can find the groups.
-    wait_for_first_sweeps(&redis).await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("batcher.toml");
     let text = format!("[redis]\nurl = \"{}\"\nshards = 4\n{ANOTHER}", redis.url());
@@ -103,6 +105,8 @@ async fn a_live_instance_flushes_groups_another_instance_opened() {
     for key in ["a", "b", "c"] {
         opener_client.add(add(key, "1", b"")).await.unwrap();
     }
+    // Frozen, the opener can't flush; the live instance gets no local
+    // wake-up for groups it did not open, so only its poll can find them.
     opener.signal(libc::SIGSTOP);
     // Still open after the opener froze: the opener did not flush them.
     let listed = client
