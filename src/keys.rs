@@ -152,15 +152,30 @@ mod tests {
         assert!(g.starts_with("{batcher:3}:g:"));
     }
 
-    /// Slots match the values Redis Cluster documents (CLUSTER KEYSLOT).
+    /// Slots equal what `CLUSTER KEYSLOT` answers on redis-server 7.0, hash-tag edge cases included.
     #[test]
     fn cluster_slot_matches_redis() {
-        assert_eq!(cluster_slot(b"foo"), 12182);
-        assert_eq!(
-            cluster_slot(b"{user1000}.following"),
-            cluster_slot(b"user1000")
-        );
-        assert_eq!(cluster_slot(b"foo{}{bar}"), cluster_slot(b"foo{}{bar}"));
-        assert_eq!(cluster_slot(b"123456789"), 0x31C3);
+        for (key, slot) in [
+            (&b"foo"[..], 12182),
+            (b"123456789", 0x31C3),
+            // A tag hashes only what is between the first `{` and the next `}`.
+            (b"{user1000}.following", 3443),
+            (b"user1000", 3443),
+            (b"foo{bar}{zap}", 5061),
+            (b"bar", 5061),
+            // An empty first tag means the whole key is hashed, braces and all.
+            (b"foo{}{bar}", 8363),
+            (b"{}foo", 9500),
+            // A tag ends at the first `}`, so it may contain a `{`.
+            (b"foo{{bar}}zap", 4015),
+            // An unclosed `{` is no tag.
+            (b"foo{", 7673),
+            // A user key with braces stays in its shard's slot.
+            (b"{batcher:3}:g:}{evil}", 1046),
+            (b"batcher:3", 1046),
+        ] {
+            let text = String::from_utf8_lossy(key);
+            assert_eq!(cluster_slot(key), slot, "CLUSTER KEYSLOT {text}");
+        }
     }
 }

@@ -3,10 +3,13 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 
 use batcher::pb;
+use batcher::pb::batcher_client::BatcherClient;
 use support::{RedisServer, Service, add, config, eventually, next_batch};
+use tonic::transport::Channel;
 
 /// The Redis Cluster slot of a key, computed independently of the service's
 /// own code: CRC16/XMODEM of the hash tag (or the whole key), modulo 16384.
@@ -56,38 +59,54 @@ fn monitor_args(line: &str) -> Vec<Vec<u8>> {
     args
 }
 
-/// Records every command the service sends while it adds, flushes (by size,
-/// bytes, hand and timeout), removes, serves live and durable subscribers,
-/// dead-letters, re-drives and acks, and checks that
-/// each script call's keys, including keys with braces, share one slot.
-#[tokio::test]
-async fn every_script_call_stays_in_one_slot() {
-    let redis = RedisServer::start();
-    let log = redis.dir().join("monitor.log");
-    let mut monitor = Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "MONITOR"])
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    eventually("MONITOR to start", || {
-        redis.cli(&["PING"]);
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        async move { text.contains("\"PING\"").then_some(()) }
-    })
-    .await;
+/// A `redis-cli MONITOR` writing every command Redis receives to a file.
+struct Monitor {
+    child: Child,
+    log: PathBuf,
+}
 
-    let extra = r#"
-[defaults]
-max_items = 3
-max_wait = "200ms"
-max_bytes = "64B"
-[subscriptions]
-ack_timeout = "100ms"
-max_deliveries = 1
-"#;
-    let service = Service::start(config(&redis.url(), extra)).await;
-    let mut client = service.client().await;
+impl Monitor {
+    /// Starts MONITOR and waits until it records.
+    async fn start(redis: &RedisServer) -> Monitor {
+        let log = redis.dir().join("monitor.log");
+        let child = Command::new("redis-cli")
+            .args(["-p", &redis.port().to_string(), "MONITOR"])
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let monitor = Monitor { child, log };
+        eventually("MONITOR to start", || {
+            redis.cli(&["PING"]);
+            let text = monitor.text();
+            async move { text.contains("\"PING\"").then_some(()) }
+        })
+        .await;
+        monitor
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until MONITOR has recorded everything sent so far, stops it and
+    /// returns what it recorded.
+    async fn finish(mut self, redis: &RedisServer) -> String {
+        redis.cli(&["ECHO", "layout-done"]);
+        let text = eventually("the monitor to catch up", || {
+            let text = self.text();
+            async move { text.contains("layout-done").then_some(text) }
+        })
+        .await;
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        text
+    }
+}
+
+/// Adds (flushing by size and bytes), removes, flushes by hand and by
+/// timeout, with keys that contain braces.
+async fn exercise_groups(client: &mut BatcherClient<Channel>) {
     let mut batches = client
         .subscribe(pb::SubscribeRequest::default())
         .await
@@ -102,26 +121,22 @@ max_deliveries = 1
     client.add(add("big", "x", &[7u8; 64])).await.unwrap();
     client.add(add("manual", "x", b"")).await.unwrap();
     client.add(add("manual", "y", b"")).await.unwrap();
-    client
-        .remove(pb::RemoveRequest {
-            key: "manual".into(),
-            item_id: b"y".to_vec(),
-        })
-        .await
-        .unwrap();
-    client
-        .flush(pb::FlushRequest {
-            key: "manual".into(),
-        })
-        .await
-        .unwrap();
+    let remove = pb::RemoveRequest {
+        key: "manual".into(),
+        item_id: b"y".to_vec(),
+    };
+    client.remove(remove).await.unwrap();
+    let flush = pb::FlushRequest {
+        key: "manual".into(),
+    };
+    client.flush(flush).await.unwrap();
     client.add(add("timeout", "x", b"")).await.unwrap();
-    loop {
-        if next_batch(&mut batches).await.key == "timeout" {
-            break;
-        }
-    }
-    // Durable subscriptions: deliver, time out into the dead letters, re-drive, ack.
+    while next_batch(&mut batches).await.key != "timeout" {}
+}
+
+/// A durable subscription: delivers, times out into the dead letters, is
+/// re-driven and acked.
+async fn exercise_durable(client: &mut BatcherClient<Channel>) {
     let mut durable = client
         .subscribe(pb::SubscribeRequest {
             consumer_group: "g".into(),
@@ -132,55 +147,40 @@ max_deliveries = 1
         .unwrap()
         .into_inner();
     client.add(add("durable", "x", b"")).await.unwrap();
-    client
-        .flush(pb::FlushRequest {
-            key: "durable".into(),
-        })
-        .await
-        .unwrap();
+    let flush = pb::FlushRequest {
+        key: "durable".into(),
+    };
+    client.flush(flush).await.unwrap();
     let first = next_batch(&mut durable).await;
     eventually("the batch to be dead-lettered", || {
         let mut client = client.clone();
         async move {
-            let dead = client
-                .list_dead_letters(pb::ListDeadLettersRequest {
-                    consumer_group: "g".into(),
-                    limit: 0,
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            (!dead.batches.is_empty()).then_some(())
+            let request = pb::ListDeadLettersRequest {
+                consumer_group: "g".into(),
+                limit: 0,
+            };
+            let dead = client.list_dead_letters(request).await.unwrap();
+            (!dead.into_inner().batches.is_empty()).then_some(())
         }
     })
     .await;
-    client
-        .redrive(pb::RedriveRequest {
-            consumer_group: "g".into(),
-            batch_ids: vec![first.id.clone()],
-        })
-        .await
-        .unwrap();
+    let redrive = pb::RedriveRequest {
+        consumer_group: "g".into(),
+        batch_ids: vec![first.id.clone()],
+    };
+    client.redrive(redrive).await.unwrap();
     let again = next_batch(&mut durable).await;
     assert_eq!(again.id, first.id, "{first:?} / {again:?}");
-    client
-        .ack(pb::AckRequest {
-            consumer_group: "g".into(),
-            batch_ids: vec![again.id],
-        })
-        .await
-        .unwrap();
-    drop(durable);
-    service.stop().await;
-    redis.cli(&["ECHO", "layout-done"]);
-    let text = eventually("the monitor to catch up", || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        async move { text.contains("layout-done").then_some(text) }
-    })
-    .await;
-    monitor.kill().unwrap();
-    monitor.wait().unwrap();
+    let ack = pb::AckRequest {
+        consumer_group: "g".into(),
+        batch_ids: vec![again.id],
+    };
+    client.ack(ack).await.unwrap();
+}
 
+/// Checks every script call MONITOR recorded: it has keys, and they share one
+/// slot. Returns how many calls and how many distinct scripts there were.
+fn check_script_calls(text: &str) -> (usize, usize) {
     let mut calls = 0;
     let mut scripts_seen = std::collections::HashSet::new();
     for line in text.lines() {
@@ -202,12 +202,34 @@ max_deliveries = 1
             assert_eq!(slot(key), first, "script keys span slots: {line}");
         }
     }
+    (calls, scripts_seen.len())
+}
+
+/// Records every command the service sends while it adds, flushes (by size,
+/// bytes, hand and timeout), removes, serves live and durable subscribers,
+/// dead-letters, re-drives and acks, and checks that
+/// each script call's keys, including keys with braces, share one slot.
+#[tokio::test]
+async fn every_script_call_stays_in_one_slot() {
+    let redis = RedisServer::start();
+    let monitor = Monitor::start(&redis).await;
+    let extra = r#"
+[defaults]
+max_items = 3
+max_wait = "200ms"
+max_bytes = "64B"
+[subscriptions]
+ack_timeout = "100ms"
+max_deliveries = 1
+"#;
+    let service = Service::start(config(&redis.url(), extra)).await;
+    let mut client = service.client().await;
+    exercise_groups(&mut client).await;
+    exercise_durable(&mut client).await;
+    service.stop().await;
+    let (calls, scripts) = check_script_calls(&monitor.finish(&redis).await);
     assert!(calls > 10, "only {calls} script calls were recorded");
     // add, flush, due-groups and remove scripts were all exercised (EVAL and
     // EVALSHA of one script count once each at most).
-    assert!(
-        scripts_seen.len() >= 4,
-        "{} distinct scripts",
-        scripts_seen.len()
-    );
+    assert!(scripts >= 4, "{scripts} distinct scripts");
 }

@@ -240,14 +240,7 @@ async fn cursor_survives_trimming() {
     }
     drop(stream);
     support::eventually("the batches to be trimmed", || {
-        let len: usize = (0..4)
-            .map(|s| {
-                redis
-                    .cli(&["XLEN", &format!("{{batcher:{s}}}:batches")])
-                    .parse::<usize>()
-                    .unwrap()
-            })
-            .sum();
+        let len = support::stream_len(&redis);
         async move { (len == 0).then_some(()) }
     })
     .await;

@@ -6,10 +6,24 @@ mod support;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use batcher::pb;
-use support::{RedisServer, Service, add, config, next_batch};
+use support::{Process, RedisServer, Service, add, command_calls, config, eventually, next_batch};
 
 fn ms(ts: &prost_types::Timestamp) -> i64 {
     ts.seconds * 1000 + i64::from(ts.nanos) / 1_000_000
+}
+
+/// The commands a script call can be counted under.
+const SCRIPT_CALLS: &[&str] = &["evalsha", "eval", "evalsha_ro", "eval_ro", "fcall"];
+
+/// Waits until each of the 4 test shards' sweepers has scanned once: before
+/// any add, the sweepers' due scans are the only scripts run on this
+/// (fresh) Redis, and each scans once before its first sleep.
+async fn wait_for_first_sweeps(redis: &RedisServer) {
+    eventually("each sweeper's first scan", || {
+        let scans = command_calls(redis, SCRIPT_CALLS);
+        async move { (scans >= 4).then_some(()) }
+    })
+    .await;
 }
 
 /// A group flushes by TIMEOUT at opened + max_wait, never early, even when the
@@ -31,11 +45,8 @@ max_sleep = "60s"
         .await
         .unwrap()
         .into_inner();
-    // Let the sweepers settle into their long sleep before the add.
-    client
-        .get_group(pb::GetGroupRequest { key: "k".into() })
-        .await
-        .unwrap();
+    // The sweepers' first scans found nothing; now they sleep for max_sleep.
+    wait_for_first_sweeps(&redis).await;
     client.add(add("k", "a", b"")).await.unwrap();
     client.add(add("k", "b", b"")).await.unwrap();
     let batch = next_batch(&mut batches).await;
@@ -50,26 +61,78 @@ max_sleep = "60s"
     service.stop().await;
 }
 
-/// Groups another instance opened are flushed on time by a live instance, and a
-/// restarted service resumes the open groups.
-#[tokio::test]
-async fn another_instance_flushes_groups_it_did_not_open() {
-    let redis = RedisServer::start();
-    let extra = r#"
+const ANOTHER: &str = r#"
 [defaults]
 max_items = 100
 max_wait = "1500ms"
 [sweeper]
 max_sleep = "100ms"
 "#;
-    let first = Service::start(config(&redis.url(), extra)).await;
+
+/// Receives three TIMEOUT batches, checks each waited its max_wait (1500 ms)
+/// plus at most a second, and returns their keys, sorted.
+async fn three_timeout_batches(stream: &mut tonic::Streaming<pb::Batch>) -> Vec<String> {
+    let mut keys = Vec::new();
+    for _ in 0..3 {
+        let batch = next_batch(stream).await;
+        assert_eq!(batch.reason, pb::FlushReason::Timeout as i32);
+        let waited = ms(batch.flushed_at.as_ref().unwrap()) - ms(batch.opened_at.as_ref().unwrap());
+        assert!((1500..1500 + 1000).contains(&waited), "waited {waited} ms");
+        keys.push(batch.key);
+    }
+    keys.sort();
+    keys
+}
+
+/// Groups that another running instance opened, and cannot flush (it is
+/// frozen with SIGSTOP), are found by a live instance's poll and flushed on time.
+#[tokio::test]
+async fn a_live_instance_flushes_groups_another_instance_opened() {
+    let redis = RedisServer::start();
+    let live = Service::start(config(&redis.url(), ANOTHER)).await;
+    let mut client = live.client().await;
+    let mut batches = client
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("batcher.toml");
+    let text = format!("[redis]\nurl = \"{}\"\nshards = 4\n{ANOTHER}", redis.url());
+    std::fs::write(&path, text).unwrap();
+    let opener = Process::start(&path, dir.path()).await;
+    let mut opener_client = support::client(opener.addr).await;
+    for key in ["a", "b", "c"] {
+        opener_client.add(add(key, "1", b"")).await.unwrap();
+    }
+    // Frozen, the opener can't flush; the live instance gets no local
+    // wake-up for groups it did not open, so only its poll can find them.
+    opener.signal(libc::SIGSTOP);
+    // Still open after the opener froze: the opener did not flush them.
+    let listed = client
+        .list_groups(pb::ListGroupsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.groups.len(), 3, "open when the opener froze");
+    assert_eq!(three_timeout_batches(&mut batches).await, ["a", "b", "c"]);
+    opener.signal(libc::SIGCONT);
+    live.stop().await;
+}
+
+/// A service stopped with groups open leaves them open, and the next
+/// instance started resumes them and flushes them on time.
+#[tokio::test]
+async fn a_restarted_service_resumes_open_groups() {
+    let redis = RedisServer::start();
+    let first = Service::start(config(&redis.url(), ANOTHER)).await;
     let mut client = first.client().await;
     for key in ["a", "b", "c"] {
         client.add(add(key, "1", b"")).await.unwrap();
     }
     first.stop().await;
 
-    let second = Service::start(config(&redis.url(), extra)).await;
+    let second = Service::start(config(&redis.url(), ANOTHER)).await;
     let mut client = second.client().await;
     let mut batches = client
         .subscribe(pb::SubscribeRequest {
@@ -79,16 +142,7 @@ max_sleep = "100ms"
         .await
         .unwrap()
         .into_inner();
-    let mut keys = Vec::new();
-    for _ in 0..3 {
-        let batch = next_batch(&mut batches).await;
-        assert_eq!(batch.reason, pb::FlushReason::Timeout as i32);
-        let waited = ms(batch.flushed_at.as_ref().unwrap()) - ms(batch.opened_at.as_ref().unwrap());
-        assert!((1500..1500 + 1000).contains(&waited), "waited {waited} ms");
-        keys.push(batch.key);
-    }
-    keys.sort();
-    assert_eq!(keys, ["a", "b", "c"]);
+    assert_eq!(three_timeout_batches(&mut batches).await, ["a", "b", "c"]);
     second.stop().await;
 }
 

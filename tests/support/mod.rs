@@ -229,3 +229,66 @@ pub fn free_addr() -> SocketAddr {
     let port = batcher::embedded::launcher::free_port().expect("free port");
     SocketAddr::from(([127, 0, 0, 1], port))
 }
+
+/// Asserts that `status` is INVALID_ARGUMENT with a message naming `field`.
+#[track_caller]
+pub fn assert_invalid(status: &tonic::Status, field: &str) {
+    assert_eq!(
+        status.code(),
+        tonic::Code::InvalidArgument,
+        "{field}: {status:?}"
+    );
+    assert!(
+        status.message().starts_with(&format!("{field}:")),
+        "expected a message naming {field}: {}",
+        status.message()
+    );
+}
+
+/// How many times Redis has run the named commands successfully so far
+/// (from INFO commandstats; failed calls are not counted). Lets a test wait
+/// for work the service does on its own, such as a sweep or a trim.
+pub fn command_calls(redis: &RedisServer, commands: &[&str]) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let mut total = 0;
+    for line in stats.lines() {
+        let Some((name, fields)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let Some(name) = name.strip_prefix("cmdstat_") else {
+            continue;
+        };
+        if !commands.contains(&name) {
+            continue;
+        }
+        let field = |wanted: &str| -> u64 {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(wanted)?.strip_prefix('='))
+                .map_or(0, |v| v.parse().expect("a commandstats counter"))
+        };
+        total += field("calls") - field("failed_calls");
+    }
+    total
+}
+
+/// Waits until Redis has run the named commands `more` further times.
+pub async fn wait_for_calls(redis: &RedisServer, commands: &[&str], more: u64) {
+    let target = command_calls(redis, commands) + more;
+    eventually(&format!("{more} more calls of {commands:?}"), || {
+        let done = command_calls(redis, commands) >= target;
+        async move { done.then_some(()) }
+    })
+    .await;
+}
+
+/// Batches retained over the 4 shard streams of a test config.
+pub fn stream_len(redis: &RedisServer) -> usize {
+    (0..4)
+        .map(|shard| {
+            let out = redis.cli(&["XLEN", &format!("{{batcher:{shard}}}:batches")]);
+            out.parse::<usize>()
+                .unwrap_or_else(|_| panic!("XLEN answered {out:?}"))
+        })
+        .sum()
+}
