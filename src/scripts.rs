@@ -5,20 +5,29 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use crate::batch::FlushReason;
+
 /// Functions shared by the scripts that write batches.
 const BATCH_LIB: &str = include_str!("lua/batch_lib.lua");
 
+/// A script that writes or reads batches: the `REASON` table made from the
+/// Rust table of flush reasons, so that both languages name them from one
+/// list, then the shared functions, then the script itself.
+fn with_batch_lib(script: &str) -> Script {
+    Script::new(&[&FlushReason::lua_table(), BATCH_LIB, script].concat())
+}
+
 /// Adds items to the open groups of one shard; flushes groups that fill up.
 pub static ADD_ITEMS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&[BATCH_LIB, include_str!("lua/add_items.lua")].concat()));
+    LazyLock::new(|| with_batch_lib(include_str!("lua/add_items.lua")));
 
 /// Flushes one group, by timeout (only if due) or by request.
 pub static FLUSH_GROUP: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&[BATCH_LIB, include_str!("lua/flush_group.lua")].concat()));
+    LazyLock::new(|| with_batch_lib(include_str!("lua/flush_group.lua")));
 
 /// Reads which groups of a shard are due.
 pub static DUE_GROUPS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&[BATCH_LIB, include_str!("lua/due_groups.lua")].concat()));
+    LazyLock::new(|| with_batch_lib(include_str!("lua/due_groups.lua")));
 
 /// Removes one item from its open group.
 pub static REMOVE_ITEM: LazyLock<Script> =

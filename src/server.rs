@@ -77,6 +77,7 @@ async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
     let keyspace = Keyspace::new(&config.redis.prefix, config.redis.shards.get());
+    let policies = PolicyHandle::new(config.policies());
     let store = Store::open(
         url,
         keyspace,
@@ -85,6 +86,7 @@ async fn serve(
             connect: config.redis.connect_timeout,
             response: config.redis.response_timeout,
         },
+        policies.clone(),
     )?;
     if let Err(err) = store.ping().await {
         tracing::warn!(%err, "redis is not reachable yet; serving UNAVAILABLE until it is");
@@ -94,7 +96,6 @@ async fn serve(
     // server has stopped taking requests.
     let tasks = CancellationToken::new();
     let tracker = TaskTracker::new();
-    let policies = PolicyHandle::new(config.policies());
     let sweeper = sweeper::spawn(
         store.clone(),
         config.sweeper,

@@ -387,13 +387,17 @@ impl pb::batcher_server::Batcher for BatcherService {
     ) -> Result<Response<pb::FlushResponse>, Status> {
         let req = request.into_inner();
         self.check_key("key", &req.key)?;
-        let batch = self
+        let batches: Vec<pb::Batch> = self
             .store
             .flush(&req.key, FlushReason::Manual)
             .await
-            .map_err(Error::from)?;
+            .map_err(Error::from)?
+            .iter()
+            .map(|b| batch_to_pb(b, String::new(), 0))
+            .collect();
         Ok(Response::new(pb::FlushResponse {
-            batch: batch.map(|b| batch_to_pb(&b, String::new(), 0)),
+            batch: batches.first().cloned(),
+            batches,
         }))
     }
 

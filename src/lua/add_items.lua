@@ -9,80 +9,187 @@
 -- ARGV[2]: G, the number of groups
 -- ARGV[3 + 4(g-1) .. 6 + 4(g-1)]: group g's key, max_items, max_wait (ms), max_bytes (0 = none)
 -- then, per item, 3 arguments: its group number g, its id, its payload
--- Returns: {earliest due (ms) among groups this call opened, or 0; then per item
---   {outcome (1 added, 2 duplicate), group size after, batch or false}}
+-- Returns: {earliest due (ms) among groups this call opened, or 0, then per
+--   item 3 values: outcome (1 added, 2 duplicate), group size after, batch or false}
 --   where batch is {stream_id, reason, opened, flushed, n, items}
+--
+-- The work is done per group, not per item: one ZMSCORE checks every id of
+-- the call against the flushed set, one HMGET per group reads its counters
+-- and which ids it already holds, and one HSET per group writes its new items
+-- and counters at the end. Items added and flushed in the same call are never
+-- written to the group's hash at all.
 
-local due_key, stream_key, flushed_key = KEYS[1], KEYS[2], KEYS[3]
-local now = now_ms()
-local dedup_ms = tonumber(ARGV[1])
+local ctx = context(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]))
 local ngroups = tonumber(ARGV[2])
-local groups = {}
+local first = 3 + 4 * ngroups
+
+-- The call's items (see batch_lib); held items a flush reads back from a
+-- group's hash are appended after them.
+local it = { seq = {}, id = {}, payload = {} }
+local ids, payloads, seqs = it.id, it.payload, it.seq
+local n = (#ARGV - first + 1) / 3
+for i = 1, n do
+  local a = first + 3 * (i - 1)
+  ids[i], payloads[i] = ARGV[a + 1], ARGV[a + 2]
+end
+
+-- Per group g, one array per field. `arrivals` chains the call's items of a
+-- group in arrival order (first_arrival[g], then next_arrival[i]); `pending`
+-- chains the items open but not yet in the hash (first_pending[g] ..
+-- last_pending[g], then next_pending[i]).
+local name, prefix, max_items, max_wait, max_bytes = {}, {}, {}, {}, {}
+local size, bytes, seq, stored, indexed, reopened, opened, due_at = {}, {}, {}, {}, {}, {}, {}, {}
+local first_arrival, last_arrival, next_arrival = {}, {}, {}
+local first_pending, last_pending, next_pending = {}, {}, {}
 for g = 1, ngroups do
   local base = 3 + 4 * (g - 1)
-  groups[g] = {
-    key = ARGV[base],
-    max_items = tonumber(ARGV[base + 1]),
-    max_wait = tonumber(ARGV[base + 2]),
-    max_bytes = tonumber(ARGV[base + 3]),
-  }
+  name[g], prefix[g] = ARGV[base], flushed_prefix(ARGV[base])
+  max_items[g], max_wait[g], max_bytes[g] = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+  size[g], bytes[g], seq[g], stored[g], indexed[g], reopened[g], opened[g], due_at[g] = 0, 0, 0, 0, false, false, '', 0
 end
 
-local earliest = 0
-local results = {}
-for a = 3 + 4 * ngroups, #ARGV, 3 do
-  local g = groups[tonumber(ARGV[a])]
-  local gkey = KEYS[3 + tonumber(ARGV[a])]
-  local id, payload = ARGV[a + 1], ARGV[a + 2]
-  local field = ':' .. id
-  -- The group's counters, read once per call and kept current here, so each
-  -- item costs few Redis calls.
-  if not g.size then
-    local m = redis.call('HMGET', gkey, 'n', 'b', 's')
-    g.size, g.bytes, g.seq = tonumber(m[1] or '0'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
-  end
+-- Every item's flushed-set member, and its chain of arrivals.
+local members = {}
+for i = 1, n do
+  local g = tonumber(ARGV[first + 3 * (i - 1)])
+  members[i] = prefix[g] .. ids[i]
+  if last_arrival[g] then next_arrival[last_arrival[g]] = i else first_arrival[g] = i end
+  last_arrival[g] = i
+end
 
-  local until_ms = redis.call('ZSCORE', flushed_key, flushed_member(g.key, id))
-  local dup = until_ms and tonumber(until_ms) > now
-  if not dup then
-    if g.size == 0 then
-      local due = now + g.max_wait
-      redis.call('HSET', gkey, 'o', now, 'd', due, 'n', 1, 'b', #payload, 's', 1, field, '1,' .. payload)
-      redis.call('ZADD', due_key, due, g.key)
-      if earliest == 0 or due < earliest then earliest = due end
-      g.size, g.bytes, g.seq = 1, #payload, 1
-    elseif redis.call('HSETNX', gkey, field, (g.seq + 1) .. ',' .. payload) == 0 then
-      dup = true
-    else
-      g.size, g.bytes, g.seq = g.size + 1, g.bytes + #payload, g.seq + 1
-      redis.call('HSET', gkey, 'n', g.size, 'b', g.bytes, 's', g.seq)
-    end
-  end
+-- Until when each item's id counts as recently flushed (false: it does not).
+local flushed_until = members
+for i = 1, n, CHUNK do
+  local scores = redis.call('ZMSCORE', ctx.flushed, unpack(members, i, math.min(i + CHUNK - 1, n)))
+  for j = 1, #scores do flushed_until[i + j - 1] = scores[j] end
+end
 
-  if dup then
-    results[#results + 1] = { 2, g.size, false }
+-- Whether each item's id is already open in its group.
+local open = {}
+
+-- Reads group g's counters, and which of its arrivals' ids it already holds.
+local function read_group(g, gkey)
+  local fields, values = { 'n', 'b', 's' }, nil
+  local i = first_arrival[g]
+  while i do
+    fields[#fields + 1] = ':' .. ids[i]
+    i = next_arrival[i]
+  end
+  if #fields <= CHUNK then
+    values = redis.call('HMGET', gkey, unpack(fields))
   else
-    local batch = false
-    if g.size >= g.max_items then
-      -- Normally one pass. More only when max_items was lowered by a reload
-      -- while the group was open: it is then cut into batches of max_items.
-      local left = g.size
-      while left >= g.max_items do
-        batch, left = flush_group(due_key, stream_key, flushed_key, gkey, g.key, 'SIZE', now, dedup_ms, g.max_items)
-      end
-      if left > 0 then
-        batch = false
-        local m = redis.call('HMGET', gkey, 'n', 'b', 's')
-        g.size, g.bytes, g.seq = tonumber(m[1]), tonumber(m[2]), tonumber(m[3])
-      else
-        g.size, g.bytes, g.seq = 0, 0, 0
-      end
-    elseif g.max_bytes > 0 and g.bytes >= g.max_bytes then
-      batch = flush_group(due_key, stream_key, flushed_key, gkey, g.key, 'BYTES', now, dedup_ms, nil)
-      g.size, g.bytes, g.seq = 0, 0, 0
+    values = {}
+    for c = 1, #fields, CHUNK do
+      local got = redis.call('HMGET', gkey, unpack(fields, c, math.min(c + CHUNK - 1, #fields)))
+      for j = 1, #got do values[c + j - 1] = got[j] end
     end
-    results[#results + 1] = { 1, g.size, batch }
+  end
+  if values[1] then
+    size[g], bytes[g], seq[g] = tonumber(values[1]), tonumber(values[2]), tonumber(values[3])
+    stored[g], indexed[g] = size[g], true
+  end
+  local k = 3
+  i = first_arrival[g]
+  while i do
+    k = k + 1
+    open[i] = values[k]
+    i = next_arrival[i]
   end
 end
 
-return { earliest, results }
+local function push_pending(g, i)
+  if last_pending[g] then next_pending[last_pending[g]] = i else first_pending[g] = i end
+  last_pending[g] = i
+  next_pending[i] = nil
+end
+
+-- Flushes all that group g holds, the hash's items and then the pending ones.
+-- A SIZE flush writes full batches only (more than one when max_items was
+-- lowered by a reload while the group was open) and keeps the rest open.
+-- Returns the last batch written.
+local function flush(g, gkey, reason)
+  local list = {}
+  if stored[g] > 0 then
+    local meta
+    meta, list = load_group(gkey, it)
+    if not reopened[g] then opened[g], due_at[g] = meta.o, tonumber(meta.d) end
+    redis.call('DEL', gkey)
+    stored[g] = 0
+  end
+  local i = first_pending[g]
+  while i do
+    list[#list + 1] = i
+    i = next_pending[i]
+  end
+  local size_cut = reason == REASON.SIZE
+  local batches, from = cut(ctx, name[g], reason, opened[g], it, list, size_cut and max_items[g] or 0, size_cut)
+  first_pending[g], last_pending[g], size[g], bytes[g] = nil, nil, 0, 0
+  for k = from, #list do
+    push_pending(g, list[k])
+    size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[list[k]]
+  end
+  return batches[#batches]
+end
+
+-- Writes group g's state after the call: its pending items and counters in
+-- one HSET and its due entry if it (re)opened, or removes an emptied group.
+local function save(g, gkey)
+  if size[g] == 0 then
+    if indexed[g] then redis.call('ZREM', ctx.due, name[g]) end
+    return
+  end
+  if not first_pending[g] then return end
+  local args = { 'n', dec(size[g]), 'b', string.format('%d', bytes[g]), 's', string.format('%d', seq[g]) }
+  if stored[g] == 0 then
+    args[7], args[8], args[9], args[10] = 'o', opened[g], 'd', string.format('%d', due_at[g])
+  end
+  local i = first_pending[g]
+  while i do
+    args[#args + 1] = ':' .. ids[i]
+    args[#args + 1] = dec(seqs[i]) .. ',' .. payloads[i]
+    i = next_pending[i]
+  end
+  chunked('HSET', gkey, args)
+  if reopened[g] or not indexed[g] then redis.call('ZADD', ctx.due, due_at[g], name[g]) end
+end
+
+local now, earliest = ctx.now, 0
+-- The reply, filled in first so that it is one array, not a sparse table.
+local out = {}
+for k = 1, 3 * n + 1 do out[k] = 0 end
+for g = 1, ngroups do
+  local gkey = KEYS[3 + g]
+  read_group(g, gkey)
+  local seen = next_arrival[first_arrival[g]] and {} or nil
+  local i = first_arrival[g]
+  while i do
+    local id, until_ms = ids[i], flushed_until[i]
+    local at = 3 * i - 1
+    if open[i] or (seen and seen[id]) or (until_ms and tonumber(until_ms) > now) then
+      out[at], out[at + 1], out[at + 2] = 2, size[g], false
+    else
+      if seen then seen[id] = true end
+      if size[g] == 0 then
+        opened[g], due_at[g], reopened[g] = ctx.now_s, now + max_wait[g], true
+        if earliest == 0 or due_at[g] < earliest then earliest = due_at[g] end
+      end
+      seq[g] = seq[g] + 1
+      seqs[i] = seq[g]
+      push_pending(g, i)
+      size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[i]
+      local batch = false
+      if size[g] >= max_items[g] then
+        batch = flush(g, gkey, REASON.SIZE)
+      elseif max_bytes[g] > 0 and bytes[g] >= max_bytes[g] then
+        batch = flush(g, gkey, REASON.BYTES)
+      end
+      out[at], out[at + 1], out[at + 2] = 1, size[g], batch
+    end
+    i = next_arrival[i]
+  end
+  save(g, gkey)
+end
+forget_stale(ctx)
+
+out[1] = earliest
+return out

@@ -1,5 +1,7 @@
 -- Shared by the scripts that write batches (add_items, flush_group). It is
--- prepended to each of them; it defines functions only and touches no key.
+-- prepended to each of them, after the REASON table that `scripts.rs` makes
+-- from the Rust table of flush reasons; it defines functions only and touches
+-- no key.
 --
 -- Group hash layout (one hash per open group):
 --   o = opened-at (ms, Redis clock)   d = due-at (ms)   n = item count
@@ -9,89 +11,129 @@
 -- A batch in the shard stream has the fields key, reason, opened, flushed, n
 -- and items, where items is the concatenation, in arrival order, of
 -- #id .. ':' .. id .. #payload .. ':' .. payload for each item.
+--
+-- Items live in three arrays indexed alike, `it.seq`, `it.id` and
+-- `it.payload`, and a group's items are a list of indexes into them. Plain
+-- arrays, not a table per item or per group: what a script allocates, Lua's
+-- garbage collector pays for again, and that was most of a call's cost.
+-- `ctx` holds what one script call shares: the shard's keys (due, stream,
+-- flushed), the Redis clock (now, and now_s as text), until when an id
+-- flushed now counts as a duplicate (expire, as text) and how many items the
+-- call has written to batches (written).
 
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Calls `cmd key ...list` in chunks, so no call passes more arguments than
--- Lua's unpack can handle.
+-- The context of one script call, at the Redis clock's now.
+local function context(due, stream, flushed, dedup_ms)
+  local now = now_ms()
+  return { due = due, stream = stream, flushed = flushed, now = now,
+    now_s = string.format('%d', now), expire = string.format('%d', now + dedup_ms), written = 0 }
+end
+
+-- Most arguments one command gets from a list, so that no call passes more
+-- than Lua's unpack can handle.
+local CHUNK = 1000
+
+-- Calls `cmd key ...list` in chunks of CHUNK.
 local function chunked(cmd, key, list)
-  local step = 1000
-  for i = 1, #list, step do
-    local last = math.min(i + step - 1, #list)
-    redis.call(cmd, key, unpack(list, i, last))
+  for i = 1, #list, CHUNK do
+    redis.call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
   end
 end
 
--- The member that records a flushed item id of a key.
-local function flushed_member(key, id)
-  return #key .. ':' .. key .. id
+-- The decimal form of small counts, remembered: Lua formats a number with
+-- sprintf, which costs more than a table lookup.
+local decimal = {}
+local function dec(n)
+  local s = decimal[n]
+  if not s then
+    s = string.format('%d', n)
+    decimal[n] = s
+  end
+  return s
 end
 
--- Reads a group's metadata and its items sorted by arrival.
-local function load_group(gkey)
+-- The member that records a flushed item id of a key is this prefix, then the id.
+local function flushed_prefix(key)
+  return dec(#key) .. ':' .. key
+end
+
+-- Appends a group's items to `it`, in arrival order, and returns the group's
+-- metadata and the list of their indexes. A small hash (listpack) returns its
+-- fields in insertion order, which is arrival order, so the list is sorted
+-- only when it is not already.
+local function load_group(gkey, it)
   local flat = redis.call('HGETALL', gkey)
-  local meta, items = {}, {}
+  local meta, list, sorted, last = {}, {}, true, 0
+  local seqs, ids, payloads = it.seq, it.id, it.payload
+  local top = #ids
   for i = 1, #flat, 2 do
     local f = flat[i]
     if string.byte(f, 1) == 58 then
       local v = flat[i + 1]
       local comma = string.find(v, ',', 1, true)
-      items[#items + 1] = { tonumber(string.sub(v, 1, comma - 1)), string.sub(f, 2), string.sub(v, comma + 1) }
+      local seq = tonumber(string.sub(v, 1, comma - 1))
+      if seq < last then sorted = false end
+      last = seq
+      top = top + 1
+      seqs[top], ids[top], payloads[top] = seq, string.sub(f, 2), string.sub(v, comma + 1)
+      list[#list + 1] = top
     else
       meta[f] = flat[i + 1]
     end
   end
-  table.sort(items, function(a, b) return a[1] < b[1] end)
-  return meta, items
+  if not sorted then
+    table.sort(list, function(a, b) return seqs[a] < seqs[b] end)
+  end
+  return meta, list
 end
 
--- Writes the oldest `take` items of a group (all of them when take is nil) as
--- one batch to the shard stream, records their ids as recently flushed, and
--- removes them from the group; an emptied group is deleted with its due entry.
--- Returns the batch as {stream_id, reason, opened, flushed, n, items} and the
--- number of items left open.
-local function flush_group(due_key, stream_key, flushed_key, gkey, key, reason, now, dedup_ms, take)
-  local meta, items = load_group(gkey)
-  local total = #items
-  if total == 0 then
-    redis.call('DEL', gkey)
-    redis.call('ZREM', due_key, key)
-    return false, 0
-  end
-  local count = total
-  if take and take < total then count = take end
-
-  local parts, members, fields = {}, {}, {}
-  local expire = now + dedup_ms
-  local bytes = 0
-  for i = 1, count do
-    local id, payload = items[i][2], items[i][3]
-    parts[#parts + 1] = #id .. ':' .. id .. #payload .. ':' .. payload
+-- Writes the items list[from..to] as one batch to the shard stream and
+-- records their ids as recently flushed. Returns the batch as
+-- {stream_id, reason, opened, flushed, n, items}.
+local function write_batch(ctx, key, reason, opened, it, list, from, to)
+  local parts, members = {}, {}
+  local prefix, expire = flushed_prefix(key), ctx.expire
+  local ids, payloads = it.id, it.payload
+  for i = from, to do
+    local id, payload = ids[list[i]], payloads[list[i]]
+    parts[#parts + 1] = dec(#id) .. ':' .. id .. dec(#payload) .. ':' .. payload
     members[#members + 1] = expire
-    members[#members + 1] = flushed_member(key, id)
-    fields[#fields + 1] = ':' .. id
-    bytes = bytes + #payload
+    members[#members + 1] = prefix .. id
   end
   local blob = table.concat(parts)
-  local stream_id = redis.call('XADD', stream_key, '*', 'key', key, 'reason', reason,
-    'opened', meta.o, 'flushed', now, 'n', count, 'items', blob)
-  chunked('ZADD', flushed_key, members)
+  local n = dec(to - from + 1)
+  local stream_id = redis.call('XADD', ctx.stream, '*', 'key', key, 'reason', reason,
+    'opened', opened, 'flushed', ctx.now_s, 'n', n, 'items', blob)
+  chunked('ZADD', ctx.flushed, members)
+  ctx.written = ctx.written + to - from + 1
+  return { stream_id, reason, opened, ctx.now_s, n, blob }
+end
 
-  -- Forget ids whose dedup window has passed; bounded, so no call stalls Redis.
-  local stale = redis.call('ZRANGE', flushed_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, 2 * count + 16)
-  if #stale > 0 then chunked('ZREM', flushed_key, stale) end
-
-  if count == total then
-    redis.call('DEL', gkey)
-    redis.call('ZREM', due_key, key)
-  else
-    chunked('HDEL', gkey, fields)
-    redis.call('HINCRBY', gkey, 'n', 0 - count)
-    -- 0 - x, not -x: Lua formats -0 as "-0", which HINCRBY refuses.
-    redis.call('HINCRBY', gkey, 'b', 0 - bytes)
+-- Flushes the items `list` (in arrival order) oldest first, in batches of at
+-- most `max` items (0: one batch of all). With `full_only`, only full batches
+-- are written and a short rest stays open. Returns the batches and the index
+-- in `list` of the first item left open.
+local function cut(ctx, key, reason, opened, it, list, max, full_only)
+  local batches, from, n = {}, 1, #list
+  while from <= n do
+    local to = n
+    if max > 0 and to - from + 1 > max then to = from + max - 1 end
+    if full_only and to - from + 1 < max then break end
+    batches[#batches + 1] = write_batch(ctx, key, reason, opened, it, list, from, to)
+    from = to + 1
   end
-  return { stream_id, reason, meta.o, now, count, blob }, total - count
+  return batches, from
+end
+
+-- Forgets flushed ids whose dedup window has passed. Bounded by what this
+-- call wrote, so the set shrinks as fast as it grows and no call stalls Redis.
+local function forget_stale(ctx)
+  if ctx.written == 0 then return end
+  local stale = redis.call('ZRANGE', ctx.flushed, '-inf', ctx.now_s, 'BYSCORE',
+    'LIMIT', 0, 2 * ctx.written + 16)
+  if #stale > 0 then chunked('ZREM', ctx.flushed, stale) end
 end

@@ -1,5 +1,7 @@
--- Flushes one open group now. A TIMEOUT flush first re-checks that the group
--- is still due, so racing sweepers yield one batch.
+-- Flushes one open group now, cut into batches of at most max_items, oldest
+-- first (more than one only when max_items was lowered by a reload while the
+-- group was open). A TIMEOUT flush first re-checks that the group is still
+-- due, so racing sweepers yield one flush.
 --
 -- KEYS[1]: the shard's due sorted set
 -- KEYS[2]: the shard's batch stream
@@ -8,16 +10,24 @@
 -- ARGV[1]: the group's key
 -- ARGV[2]: reason: TIMEOUT (only if due) or MANUAL (always)
 -- ARGV[3]: dedup window (ms)
--- Returns: the batch {stream_id, reason, opened, flushed, n, items}, or false
---   when there is no open group (or, for TIMEOUT, it is not yet due)
+-- ARGV[4]: max_items in force for the key
+-- Returns: the batches written, each {stream_id, reason, opened, flushed, n, items};
+--   none when there is no open group (or, for TIMEOUT, it is not yet due)
 
-local due_key, stream_key, flushed_key, gkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local key, reason, dedup_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local now = now_ms()
+local ctx = context(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[3]))
+local gkey, key, reason, max_items = KEYS[4], ARGV[1], ARGV[2], tonumber(ARGV[4])
 
-local due = redis.call('ZSCORE', due_key, key)
-if not due then return false end
-if reason == 'TIMEOUT' and tonumber(due) > now then return false end
+local due = redis.call('ZSCORE', ctx.due, key)
+if not due then return {} end
+if reason == REASON.TIMEOUT and tonumber(due) > ctx.now then return {} end
 
-local batch = flush_group(due_key, stream_key, flushed_key, gkey, key, reason, now, dedup_ms, nil)
-return batch
+local it = { seq = {}, id = {}, payload = {} }
+local meta, list = load_group(gkey, it)
+local batches = {}
+if #list > 0 then
+  batches = cut(ctx, key, reason, meta.o, it, list, max_items, false)
+end
+redis.call('DEL', gkey)
+redis.call('ZREM', ctx.due, key)
+forget_stale(ctx)
+return batches

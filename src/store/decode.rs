@@ -91,8 +91,8 @@ impl FromRedisValue for AddOutcome {
     }
 }
 
-/// The add script's reply: `{earliest due opened or 0, {{outcome, size,
-/// batch or false}, ...}}`.
+/// The add script's reply: `{earliest due opened or 0, then per item:
+/// outcome, size, batch or false}`.
 pub(super) struct AddReply {
     /// The earliest due time among the groups the call opened.
     pub earliest: Option<u64>,
@@ -103,7 +103,16 @@ pub(super) struct AddReply {
 
 impl FromRedisValue for AddReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let (earliest, items): (u64, _) = from_redis_value(v)?;
+        let mut parts = from_redis_value::<Vec<Value>>(v)?.into_iter();
+        let earliest: u64 = next_part(&mut parts, "the earliest due time")?;
+        let mut items = Vec::with_capacity(parts.len() / 3);
+        while parts.len() > 0 {
+            items.push((
+                next_part(&mut parts, "an outcome")?,
+                next_part(&mut parts, "a group size")?,
+                next_part(&mut parts, "a batch")?,
+            ));
+        }
         Ok(AddReply {
             earliest: (earliest > 0).then_some(earliest),
             items,

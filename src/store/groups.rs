@@ -41,9 +41,12 @@ impl Store {
         .await
     }
 
-    /// Flushes a key's open group. With `Timeout`, only if it is due by the
-    /// Redis clock. Returns the batch, if one was written.
-    pub async fn flush(&self, key: &str, reason: FlushReason) -> Result<Option<Batch>> {
+    /// Flushes a key's open group, cut into batches of at most the key's
+    /// `max_items` in force, oldest first. With `Timeout`, only if it is due
+    /// by the Redis clock. Returns the batches written: none when there was
+    /// no open group, more than one only when a reload lowered `max_items`
+    /// while the group was open.
+    pub async fn flush(&self, key: &str, reason: FlushReason) -> Result<Vec<Batch>> {
         let shard = self.keys.shard_of(key);
         self.flush_in_shard(shard, key, reason).await
     }
@@ -53,10 +56,11 @@ impl Store {
         shard: u16,
         key: &str,
         reason: FlushReason,
-    ) -> Result<Option<Batch>> {
+    ) -> Result<Vec<Batch>> {
         let shard_keys = self.keys.shard(shard);
         let group = self.keys.group(shard, key);
-        let batch: Option<ScriptBatch> = self
+        let max_items = self.policies.resolve(key).max_items;
+        let batches: Vec<ScriptBatch> = self
             .run_script(
                 &scripts::FLUSH_GROUP,
                 &[
@@ -69,10 +73,14 @@ impl Store {
                     key.as_bytes().to_vec(),
                     reason.as_str().as_bytes().to_vec(),
                     self.dedup.as_millis().to_string().into_bytes(),
+                    max_items.to_string().into_bytes(),
                 ],
             )
             .await?;
-        Ok(batch.map(|batch| batch.into_batch(shard, key)))
+        Ok(batches
+            .into_iter()
+            .map(|batch| batch.into_batch(shard, key))
+            .collect())
     }
 
     /// Reads which groups of a shard are due (at most `limit`), and when the

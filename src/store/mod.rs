@@ -33,6 +33,7 @@ use tokio::sync::mpsc;
 
 use crate::batch::DecodeError;
 use crate::keys::{Keyspace, debug_assert_one_slot};
+use crate::policy::PolicyHandle;
 
 pub use add::{AddOutcome, AddReport, AddResult, NewItem};
 pub use add_args::AddArgs;
@@ -94,6 +95,8 @@ pub struct Store {
     client: redis::Client,
     keys: Keyspace,
     dedup: Duration,
+    /// The policies in force, for the `max_items` a flush cuts a group by.
+    policies: PolicyHandle,
     /// One add writer per shard (see [`Store::add`]).
     writers: Arc<[mpsc::UnboundedSender<AddJob>]>,
 }
@@ -115,6 +118,7 @@ impl Store {
         keys: Keyspace,
         dedup_window: Duration,
         timeouts: Timeouts,
+        policies: PolicyHandle,
     ) -> Result<Store> {
         // No Nagle: every command is a small write that must not wait for
         // Redis's delayed ACK (redis-rs leaves TCP_NODELAY off by default).
@@ -145,6 +149,7 @@ impl Store {
             client,
             keys,
             dedup: dedup_window,
+            policies,
             writers,
         })
     }

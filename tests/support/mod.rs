@@ -16,6 +16,7 @@ use batcher::config::Config;
 use batcher::keys::Keyspace;
 use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
+use batcher::policy::PolicyHandle;
 use batcher::store::{Store, Timeouts};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -134,6 +135,7 @@ pub fn store(config: &Config) -> Store {
             connect: Duration::from_secs(2),
             response: Duration::from_secs(5),
         },
+        PolicyHandle::new(config.policies()),
     )
     .expect("store")
 }

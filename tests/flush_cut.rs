@@ -1,0 +1,172 @@
+//! No batch exceeds the `max_items` in force, even for a group opened under a
+//! larger one: after a reload lowers it, every flush path (manual, timeout,
+//! and the add that completes a group) cuts the group into batches of at most
+//! the new `max_items`, oldest first, in one atomic step, with one reason.
+
+mod support;
+
+use std::time::Duration;
+
+use batcher::batch::{Batch, FlushReason, Item};
+use batcher::keys::Keyspace;
+use batcher::policy::{Policies, Policy, PolicyHandle};
+use batcher::store::{AddOutcome, NewItem, Store, Timeouts};
+
+use support::{RedisServer, eventually};
+
+/// A store whose policies the test swaps, as a reload does.
+fn open(redis: &RedisServer, handle: &PolicyHandle) -> Store {
+    Store::open(
+        &redis.url(),
+        Keyspace::new("cut", 4),
+        Duration::from_secs(600),
+        Timeouts {
+            connect: Duration::from_secs(2),
+            response: Duration::from_secs(5),
+        },
+        handle.clone(),
+    )
+    .expect("store")
+}
+
+fn policy(max_items: u32, max_wait: Duration) -> Policy {
+    Policy {
+        max_items,
+        max_wait,
+        max_bytes: None,
+    }
+}
+
+/// Adds `count` items `i0, i1, ...` to `key` under `policy`, one call each.
+async fn fill(store: &Store, key: &str, count: usize, policy: Policy) {
+    for i in 0..count {
+        let report = store
+            .add(vec![NewItem {
+                key: key.into(),
+                item: Item {
+                    id: format!("i{i}").into_bytes(),
+                    payload: vec![b'p'; i],
+                },
+                policy,
+            }])
+            .await
+            .expect("add");
+        assert_eq!(report.results[0].outcome, AddOutcome::Added);
+        assert!(
+            report.results[0].flushed.is_none(),
+            "no flush while filling"
+        );
+    }
+}
+
+/// The item ids of each batch, in order.
+fn ids(batches: &[Batch]) -> Vec<Vec<String>> {
+    batches
+        .iter()
+        .map(|b| {
+            b.items
+                .iter()
+                .map(|i| String::from_utf8(i.id.clone()).unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+fn expected(sizes: &[usize]) -> Vec<Vec<String>> {
+    let mut next = 0;
+    sizes
+        .iter()
+        .map(|size| {
+            let ids = (next..next + size).map(|i| format!("i{i}")).collect();
+            next += size;
+            ids
+        })
+        .collect()
+}
+
+/// A manual Flush of 8 items opened under max_items 10, after it drops to 3,
+/// writes batches of 3, 3 and 2, oldest first, all MANUAL, and empties the group.
+#[tokio::test]
+async fn manual_flush_cuts_into_batches_of_the_new_max() {
+    let redis = RedisServer::start();
+    let old = policy(10, Duration::from_secs(600));
+    let handle = PolicyHandle::new(Policies::new(old, []));
+    let store = open(&redis, &handle);
+    fill(&store, "north", 8, old).await;
+
+    handle.replace(Policies::new(policy(3, Duration::from_secs(600)), []));
+    let batches = store.flush("north", FlushReason::Manual).await.unwrap();
+
+    assert_eq!(ids(&batches), expected(&[3, 3, 2]));
+    assert!(batches.iter().all(|b| b.reason == FlushReason::Manual));
+    assert!(batches.windows(2).all(|w| w[0].stream_id < w[1].stream_id));
+    assert_eq!(batches[2].items[1].payload, vec![b'p'; 7]);
+    assert!(store.group("north").await.unwrap().is_none());
+    assert_eq!(support::all_batches(&store).await, batches);
+}
+
+/// A timeout flush of 7 items opened under max_items 10, after it drops to 2,
+/// writes batches of 2, 2, 2 and 1, all TIMEOUT, once the group is due.
+#[tokio::test]
+async fn timeout_flush_cuts_into_batches_of_the_new_max() {
+    let redis = RedisServer::start();
+    let old = policy(10, Duration::from_millis(300));
+    let handle = PolicyHandle::new(Policies::new(old, []));
+    let store = open(&redis, &handle);
+    fill(&store, "south", 7, old).await;
+
+    handle.replace(Policies::new(policy(2, Duration::from_millis(300)), []));
+    let shard = store.keyspace().shard_of("south");
+    let batches = eventually("the group to fall due and flush", || {
+        let store = store.clone();
+        async move {
+            let batches = store.flush_due(shard, &["south".into()]).await.unwrap();
+            (!batches.is_empty()).then_some(batches)
+        }
+    })
+    .await;
+
+    assert_eq!(ids(&batches), expected(&[2, 2, 2, 1]));
+    assert!(batches.iter().all(|b| b.reason == FlushReason::Timeout));
+    assert!(store.group("south").await.unwrap().is_none());
+    assert_eq!(support::all_batches(&store).await, batches);
+}
+
+/// An add to a group of 7 opened under max_items 10, after it drops to 3,
+/// writes two full batches of 3 and keeps the other 2 items open, in order.
+#[tokio::test]
+async fn completing_add_cuts_full_batches_and_keeps_the_rest() {
+    let redis = RedisServer::start();
+    let old = policy(10, Duration::from_secs(600));
+    let handle = PolicyHandle::new(Policies::new(old, []));
+    let store = open(&redis, &handle);
+    fill(&store, "east", 7, old).await;
+
+    let new = policy(3, Duration::from_secs(600));
+    handle.replace(Policies::new(new, []));
+    let report = store
+        .add(vec![NewItem {
+            key: "east".into(),
+            item: Item {
+                id: b"i7".to_vec(),
+                payload: Vec::new(),
+            },
+            policy: new,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(report.results[0].group_size, 2);
+    let all = support::all_batches(&store).await;
+    assert_eq!(ids(&all), expected(&[3, 3]));
+    assert!(all.iter().all(|b| b.reason == FlushReason::Size));
+    assert_eq!(report.results[0].flushed.as_ref(), all.last());
+    let open = store
+        .group("east")
+        .await
+        .unwrap()
+        .expect("the rest stays open");
+    let open_ids: Vec<_> = open.items.iter().map(|i| i.id.clone()).collect();
+    assert_eq!(open_ids, vec![b"i6".to_vec(), b"i7".to_vec()]);
+    assert_eq!(open.size, 2);
+    assert_eq!(open.bytes, 6);
+}
