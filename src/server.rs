@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::transport::server::{Router, TcpIncoming};
 
 use crate::config::{Config, ConfigError};
 use crate::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedRedis};
@@ -69,6 +70,8 @@ pub async fn run(
     result
 }
 
+/// Serves with Redis at `url`: starts the background tasks, serves gRPC until
+/// `shutdown`, then stops the background tasks within the grace period.
 async fn serve(
     listener: TcpListener,
     config: &Config,
@@ -76,8 +79,23 @@ async fn serve(
     reload_from: Option<PathBuf>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
+    let store = open_store(config, url).await?;
+    // Background tasks stop on `tasks`, which is cancelled after the gRPC
+    // server has stopped taking requests.
+    let tasks = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let service = start_service(store.clone(), config, reload_from, &tracker, &tasks);
+    let router = routes(service, store, &tracker, &tasks)?;
+    let served = serve_until(router, listener, &shutdown, &tasks, config.shutdown_grace).await;
+    stop_background(tasks, tracker, config.shutdown_grace).await;
+    served?;
+    Ok(())
+}
+
+/// Opens the store at `url`. Redis need not answer yet: until it does, the
+/// API answers UNAVAILABLE.
+async fn open_store(config: &Config, url: &str) -> Result<Store, StoreError> {
     let keyspace = Keyspace::new(&config.redis.prefix, config.redis.shards.get());
-    let policies = PolicyHandle::new(config.policies());
     let store = Store::open(
         url,
         keyspace,
@@ -86,36 +104,61 @@ async fn serve(
             connect: config.redis.connect_timeout,
             response: config.redis.response_timeout,
         },
-        policies.clone(),
+        PolicyHandle::new(config.policies()),
     )?;
     if let Err(err) = store.ping().await {
         tracing::warn!(%err, "redis is not reachable yet; serving UNAVAILABLE until it is");
     }
+    Ok(store)
+}
 
-    // Background tasks stop on `tasks`, which is cancelled after the gRPC
-    // server has stopped taking requests.
-    let tasks = CancellationToken::new();
-    let tracker = TaskTracker::new();
+/// Starts the sweeper, the subscription hub and (with a config file) the
+/// SIGHUP reloader on `tracker`, and returns the API service that uses them.
+fn start_service(
+    store: Store,
+    config: &Config,
+    reload_from: Option<PathBuf>,
+    tracker: &TaskTracker,
+    tasks: &CancellationToken,
+) -> BatcherService {
+    let policies = store.policies().clone();
     let sweeper = sweeper::spawn(
         store.clone(),
         config.sweeper,
         config.subscriptions.retention,
         config.subscriptions.trim_every,
-        &tracker,
+        tracker,
         tasks.clone(),
     );
     let hub = Hub::start(
         store.clone(),
         config.subscriptions.buffer.get(),
-        &tracker,
+        tracker,
         tasks.clone(),
     );
     if let Some(path) = reload_from {
         tracker.spawn(reload_on_sighup(path, policies.clone(), tasks.clone()));
     }
+    BatcherService::new(
+        store,
+        policies,
+        config.limits,
+        config.subscriptions,
+        sweeper,
+        hub,
+    )
+}
 
+/// The gRPC routes: health (kept up to date by a task on `tracker`), server
+/// reflection, and the batcher API.
+fn routes(
+    service: BatcherService,
+    store: Store,
+    tracker: &TaskTracker,
+    tasks: &CancellationToken,
+) -> Result<Router, tonic_reflection::server::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    tracker.spawn(watch_health(store.clone(), health, tasks.clone()));
+    tracker.spawn(watch_health(store, health, tasks.clone()));
     // Both reflection versions: v1alpha is what many grpcurl builds and
     // other tools still ask for.
     let reflection = || {
@@ -125,15 +168,23 @@ async fn serve(
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let service = BatcherService::new(
-        store,
-        policies,
-        config.limits,
-        config.subscriptions,
-        sweeper,
-        hub,
-    );
+    Ok(tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(BatcherServer::new(service)))
+}
 
+/// Serves `router` on `listener` until `shutdown`. When shutdown starts it
+/// cancels `tasks`, which ends the subscription streams; clients that still
+/// hold a connection after `grace` are cut off.
+async fn serve_until(
+    router: Router,
+    listener: TcpListener,
+    shutdown: &CancellationToken,
+    tasks: &CancellationToken,
+    grace: Duration,
+) -> Result<(), tonic::transport::Error> {
     tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "serving");
     // Subscriptions are long-lived streams: end them when shutdown starts so
     // the server's graceful stop does not wait on them.
@@ -145,41 +196,33 @@ async fn serve(
             tasks.cancel();
         }
     };
-    let server = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(BatcherServer::new(service))
-        .serve_with_incoming_shutdown(
-            // No Nagle: a small reply must not wait for the peer's delayed ACK.
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stop_streams,
-        );
+    let server = router.serve_with_incoming_shutdown(
+        // No Nagle: a small reply must not wait for the peer's delayed ACK.
+        TcpIncoming::from(listener).with_nodelay(Some(true)),
+        stop_streams,
+    );
     // Graceful shutdown waits for clients to hang up; one that never does
     // must not hold the process past the grace period.
-    let grace = config.shutdown_grace;
     let deadline = async {
         shutdown.cancelled().await;
         tokio::time::sleep(grace).await;
     };
-    let served = tokio::select! {
+    tokio::select! {
         served = server => served,
         _ = deadline => {
             tracing::warn!(?grace, "clients still connected after the grace period; closing them");
             Ok(())
         }
-    };
+    }
+}
 
+/// Cancels the background tasks and waits up to `grace` for them to end.
+async fn stop_background(tasks: CancellationToken, tracker: TaskTracker, grace: Duration) {
     tasks.cancel();
     tracker.close();
-    if tokio::time::timeout(config.shutdown_grace, tracker.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!("background tasks did not stop within the grace period");
     }
-    served?;
-    Ok(())
 }
 
 /// Reports SERVING while Redis answers and NOT_SERVING while it does not.

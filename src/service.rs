@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::pin::Pin;
 use std::time::Duration;
 
+use bytesize::ByteSize;
 use tokio_stream::Stream;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -52,6 +53,13 @@ impl From<Error> for Status {
                 Status::internal(e.to_string())
             }
         }
+    }
+}
+
+/// Lets handlers `?` a store call; the conversion of [`Error`] above decides the code.
+impl From<StoreError> for Status {
+    fn from(err: StoreError) -> Status {
+        Error::from(err).into()
     }
 }
 
@@ -152,37 +160,21 @@ impl BatcherService {
     }
 
     fn check_key(&self, field: &str, key: &str) -> Result<(), Error> {
-        if key.is_empty() {
-            return Err(invalid(field, "must not be empty"));
-        }
-        if key.len() as u64 > self.limits.max_key_bytes.as_u64() {
-            return Err(invalid(
-                field,
-                format!(
-                    "is {} bytes, more than the limit of {}",
-                    key.len(),
-                    self.limits.max_key_bytes.as_u64()
-                ),
-            ));
-        }
-        Ok(())
+        check_required_size(field, key.len(), self.limits.max_key_bytes)
     }
 
     fn check_id(&self, field: &str, id: &[u8]) -> Result<(), Error> {
-        if id.is_empty() {
-            return Err(invalid(field, "must not be empty"));
-        }
-        if id.len() as u64 > self.limits.max_item_id_bytes.as_u64() {
-            return Err(invalid(
-                field,
-                format!(
-                    "is {} bytes, more than the limit of {}",
-                    id.len(),
-                    self.limits.max_item_id_bytes.as_u64()
-                ),
-            ));
-        }
-        Ok(())
+        check_required_size(field, id.len(), self.limits.max_item_id_bytes)
+    }
+
+    /// Checks the consumer group an Ack or Redrive names, and parses its batch ids.
+    fn group_batch_ids(
+        &self,
+        group: &str,
+        ids: &[String],
+    ) -> Result<Vec<(u16, batch::StreamId)>, Error> {
+        self.check_name("consumer_group", group)?;
+        self.batch_ids(ids)
     }
 
     /// Validates one add and resolves its key's policy. `field` prefixes the
@@ -193,16 +185,11 @@ impl BatcherService {
             .item
             .ok_or_else(|| invalid(format!("{field}item"), "is required"))?;
         self.check_id(&format!("{field}item.id"), &item.id)?;
-        if item.payload.len() as u64 > self.limits.max_payload_bytes.as_u64() {
-            return Err(invalid(
-                format!("{field}item.payload"),
-                format!(
-                    "is {} bytes, more than the limit of {}",
-                    item.payload.len(),
-                    self.limits.max_payload_bytes.as_u64()
-                ),
-            ));
-        }
+        check_size(
+            &format!("{field}item.payload"),
+            item.payload.len(),
+            self.limits.max_payload_bytes,
+        )?;
         let policy = self.policies.current().resolve(&req.key);
         Ok(NewItem {
             key: req.key,
@@ -221,6 +208,25 @@ impl BatcherService {
         }
         Ok(report.results.into_iter().map(add_response).collect())
     }
+}
+
+/// Refuses a value of `len` bytes when that is more than `limit`.
+fn check_size(field: &str, len: usize, limit: ByteSize) -> Result<(), Error> {
+    if len as u64 > limit.as_u64() {
+        return Err(invalid(
+            field,
+            format!("is {len} bytes, more than the limit of {}", limit.as_u64()),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses an empty value, or one of more than `limit` bytes.
+fn check_required_size(field: &str, len: usize, limit: ByteSize) -> Result<(), Error> {
+    if len == 0 {
+        return Err(invalid(field, "must not be empty"));
+    }
+    check_size(field, len, limit)
 }
 
 fn add_response(result: AddResult) -> pb::AddResponse {
@@ -370,11 +376,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         let req = request.into_inner();
         self.check_key("key", &req.key)?;
         self.check_id("item_id", &req.item_id)?;
-        let (removed, group_size) = self
-            .store
-            .remove(&req.key, &req.item_id)
-            .await
-            .map_err(Error::from)?;
+        let (removed, group_size) = self.store.remove(&req.key, &req.item_id).await?;
         Ok(Response::new(pb::RemoveResponse {
             removed,
             group_size,
@@ -390,8 +392,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         let batches: Vec<pb::Batch> = self
             .store
             .flush(&req.key, FlushReason::Manual)
-            .await
-            .map_err(Error::from)?
+            .await?
             .iter()
             .map(|b| batch_to_pb(b, String::new(), 0))
             .collect();
@@ -407,7 +408,7 @@ impl pb::batcher_server::Batcher for BatcherService {
     ) -> Result<Response<pb::GetGroupResponse>, Status> {
         let req = request.into_inner();
         self.check_key("key", &req.key)?;
-        let group = self.store.group(&req.key).await.map_err(Error::from)?;
+        let group = self.store.group(&req.key).await?;
         Ok(Response::new(pb::GetGroupResponse {
             group: group.map(|g| self.group_to_pb(g)),
         }))
@@ -433,8 +434,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         let (groups, next) = self
             .store
             .list_groups(limit, after.as_ref(), &req.key_prefix)
-            .await
-            .map_err(Error::from)?;
+            .await?;
         Ok(Response::new(pb::ListGroupsResponse {
             groups: groups.into_iter().map(|g| self.group_to_pb(g)).collect(),
             next_page_token: next
@@ -472,7 +472,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         } else {
             let shards = self.store.keyspace().shards();
             let from = match req.after.as_str() {
-                "" => self.hub.now().await.map_err(Error::from)?,
+                "" => self.hub.now().await?,
                 "0" => Cursor(vec![batch::StreamId::ZERO; usize::from(shards)]),
                 text => {
                     let unknown = || {
@@ -482,7 +482,7 @@ impl pb::batcher_server::Batcher for BatcherService {
                         )
                     };
                     let cursor = Cursor::decode(text, shards).ok_or_else(unknown)?;
-                    if !self.hub.is_known(&cursor).await.map_err(Error::from)? {
+                    if !self.hub.is_known(&cursor).await? {
                         return Err(unknown().into());
                     }
                     cursor
@@ -500,13 +500,8 @@ impl pb::batcher_server::Batcher for BatcherService {
         request: Request<pb::AckRequest>,
     ) -> Result<Response<pb::AckResponse>, Status> {
         let req = request.into_inner();
-        self.check_name("consumer_group", &req.consumer_group)?;
-        let ids = self.batch_ids(&req.batch_ids)?;
-        let acked = self
-            .store
-            .ack(&req.consumer_group, &ids)
-            .await
-            .map_err(Error::from)?;
+        let ids = self.group_batch_ids(&req.consumer_group, &req.batch_ids)?;
+        let acked = self.store.ack(&req.consumer_group, &ids).await?;
         Ok(Response::new(pb::AckResponse { acked }))
     }
 
@@ -517,11 +512,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         let req = request.into_inner();
         self.check_name("consumer_group", &req.consumer_group)?;
         let limit = page_limit(req.limit)?;
-        let batches = self
-            .store
-            .dead_letters(&req.consumer_group, limit)
-            .await
-            .map_err(Error::from)?;
+        let batches = self.store.dead_letters(&req.consumer_group, limit).await?;
         Ok(Response::new(pb::ListDeadLettersResponse {
             batches: batches
                 .iter()
@@ -535,13 +526,8 @@ impl pb::batcher_server::Batcher for BatcherService {
         request: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
         let req = request.into_inner();
-        self.check_name("consumer_group", &req.consumer_group)?;
-        let ids = self.batch_ids(&req.batch_ids)?;
-        let redriven = self
-            .store
-            .redrive(&req.consumer_group, &ids)
-            .await
-            .map_err(Error::from)?;
+        let ids = self.group_batch_ids(&req.consumer_group, &req.batch_ids)?;
+        let redriven = self.store.redrive(&req.consumer_group, &ids).await?;
         Ok(Response::new(pb::RedriveResponse { redriven }))
     }
 }

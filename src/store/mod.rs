@@ -159,6 +159,11 @@ impl Store {
         &self.keys
     }
 
+    /// The policies in force: the handle a reload swaps them in.
+    pub fn policies(&self) -> &PolicyHandle {
+        &self.policies
+    }
+
     /// The client, for dedicated connections.
     pub fn client(&self) -> &redis::Client {
         &self.client
