@@ -25,9 +25,9 @@ local first = 3 + 4 * ngroups
 
 -- The call's items (see batch_lib); held items a flush reads back from a
 -- group's hash are appended after them.
-local it = { seq = {}, id = {}, payload = {} }
-local ids, payloads, seqs = it.id, it.payload, it.seq
 local n = (#ARGV - first + 1) / 3
+local it = { seq = presized(n), id = presized(n), payload = presized(n) }
+local ids, payloads, seqs = it.id, it.payload, it.seq
 for i = 1, n do
   local a = first + 3 * (i - 1)
   ids[i], payloads[i] = ARGV[a + 1], ARGV[a + 2]
@@ -37,21 +37,27 @@ end
 -- group in arrival order (first_arrival[g], then next_arrival[i]); `pending`
 -- chains the items open but not yet in the hash (first_pending[g] ..
 -- last_pending[g], then next_pending[i]).
-local name, prefix, max_items, max_wait, max_bytes = {}, {}, {}, {}, {}
-local size, bytes, seq, stored, indexed, reopened, opened, due_at = {}, {}, {}, {}, {}, {}, {}, {}
-local first_arrival, last_arrival, next_arrival = {}, {}, {}
-local first_pending, last_pending, next_pending = {}, {}, {}
+local G = ngroups
+local name, prefix, max_items, max_wait, max_bytes = presized(G), presized(G), presized(G), presized(G), presized(G)
+local size, bytes, seq, stored = presized(G), presized(G), presized(G), presized(G)
+local indexed, reopened, opened, due_at = presized(G), presized(G), presized(G), presized(G)
+local first_arrival, last_arrival, next_arrival = presized(G), presized(G), presized(n)
+local first_pending, last_pending, next_pending = presized(G), presized(G), presized(n)
 for g = 1, ngroups do
+  first_arrival[g], last_arrival[g], first_pending[g], last_pending[g] = false, false, false, false
   local base = 3 + 4 * (g - 1)
   name[g], prefix[g] = ARGV[base], flushed_prefix(ARGV[base])
-  max_items[g], max_wait[g], max_bytes[g] = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+  max_items[g], max_wait[g], max_bytes[g] = num(ARGV[base + 1]), num(ARGV[base + 2]), num(ARGV[base + 3])
   size[g], bytes[g], seq[g], stored[g], indexed[g], reopened[g], opened[g], due_at[g] = 0, 0, 0, 0, false, false, '', 0
 end
 
 -- Every item's flushed-set member, and its chain of arrivals.
-local members = {}
+local members = presized(n)
 for i = 1, n do
-  local g = tonumber(ARGV[first + 3 * (i - 1)])
+  next_arrival[i] = false
+end
+for i = 1, n do
+  local g = num(ARGV[first + 3 * (i - 1)])
   members[i] = prefix[g] .. ids[i]
   if last_arrival[g] then next_arrival[last_arrival[g]] = i else first_arrival[g] = i end
   last_arrival[g] = i
@@ -60,32 +66,37 @@ end
 -- Until when each item's id counts as recently flushed (false: it does not).
 local flushed_until = members
 for i = 1, n, CHUNK do
-  local scores = redis.call('ZMSCORE', ctx.flushed, unpack(members, i, math.min(i + CHUNK - 1, n)))
+  local scores = call('ZMSCORE', ctx.flushed, unpack(members, i, min(i + CHUNK - 1, n)))
   for j = 1, #scores do flushed_until[i + j - 1] = scores[j] end
 end
 
 -- Whether each item's id is already open in its group.
-local open = {}
+local open = presized(n)
 
 -- Reads group g's counters, and which of its arrivals' ids it already holds.
 local function read_group(g, gkey)
-  local fields, values = { 'n', 'b', 's' }, nil
   local i = first_arrival[g]
-  while i do
-    fields[#fields + 1] = ':' .. ids[i]
-    i = next_arrival[i]
+  local fields, values
+  if next_arrival[i] then
+    fields = { 'n', 'b', 's' }
+    while i do
+      fields[#fields + 1] = ':' .. ids[i]
+      i = next_arrival[i]
+    end
+  else
+    fields = { 'n', 'b', 's', ':' .. ids[i] }
   end
   if #fields <= CHUNK then
-    values = redis.call('HMGET', gkey, unpack(fields))
+    values = call('HMGET', gkey, unpack(fields))
   else
     values = {}
     for c = 1, #fields, CHUNK do
-      local got = redis.call('HMGET', gkey, unpack(fields, c, math.min(c + CHUNK - 1, #fields)))
+      local got = call('HMGET', gkey, unpack(fields, c, min(c + CHUNK - 1, #fields)))
       for j = 1, #got do values[c + j - 1] = got[j] end
     end
   end
   if values[1] then
-    size[g], bytes[g], seq[g] = tonumber(values[1]), tonumber(values[2]), tonumber(values[3])
+    size[g], bytes[g], seq[g] = num(values[1]), num(values[2]), num(values[3])
     stored[g], indexed[g] = size[g], true
   end
   local k = 3
@@ -100,7 +111,7 @@ end
 local function push_pending(g, i)
   if last_pending[g] then next_pending[last_pending[g]] = i else first_pending[g] = i end
   last_pending[g] = i
-  next_pending[i] = nil
+  next_pending[i] = false
 end
 
 -- Flushes all that group g holds, the hash's items and then the pending ones.
@@ -113,7 +124,7 @@ local function flush(g, gkey, reason)
     local meta
     meta, list = load_group(gkey, it)
     if not reopened[g] then opened[g], due_at[g] = meta.o, tonumber(meta.d) end
-    redis.call('DEL', gkey)
+    call('DEL', gkey)
     stored[g] = 0
   end
   local i = first_pending[g]
@@ -123,7 +134,7 @@ local function flush(g, gkey, reason)
   end
   local size_cut = reason == REASON.SIZE
   local batches, from = cut(ctx, name[g], reason, opened[g], it, list, size_cut and max_items[g] or 0, size_cut)
-  first_pending[g], last_pending[g], size[g], bytes[g] = nil, nil, 0, 0
+  first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
   for k = from, #list do
     push_pending(g, list[k])
     size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[list[k]]
@@ -135,13 +146,13 @@ end
 -- one HSET and its due entry if it (re)opened, or removes an emptied group.
 local function save(g, gkey)
   if size[g] == 0 then
-    if indexed[g] then redis.call('ZREM', ctx.due, name[g]) end
+    if indexed[g] then call('ZREM', ctx.due, name[g]) end
     return
   end
   if not first_pending[g] then return end
-  local args = { 'n', dec(size[g]), 'b', string.format('%d', bytes[g]), 's', string.format('%d', seq[g]) }
+  local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', format('%d', seq[g]) }
   if stored[g] == 0 then
-    args[7], args[8], args[9], args[10] = 'o', opened[g], 'd', string.format('%d', due_at[g])
+    args[7], args[8], args[9], args[10] = 'o', opened[g], 'd', format('%d', due_at[g])
   end
   local i = first_pending[g]
   while i do
@@ -150,13 +161,12 @@ local function save(g, gkey)
     i = next_pending[i]
   end
   chunked('HSET', gkey, args)
-  if reopened[g] or not indexed[g] then redis.call('ZADD', ctx.due, due_at[g], name[g]) end
+  if reopened[g] or not indexed[g] then call('ZADD', ctx.due, due_at[g], name[g]) end
 end
 
 local now, earliest = ctx.now, 0
 -- The reply, filled in first so that it is one array, not a sparse table.
-local out = {}
-for k = 1, 3 * n + 1 do out[k] = 0 end
+local out = presized(3 * n + 1)
 for g = 1, ngroups do
   local gkey = KEYS[3 + g]
   read_group(g, gkey)

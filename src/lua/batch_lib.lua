@@ -21,8 +21,19 @@
 -- flushed now counts as a duplicate (expire, as text) and how many items the
 -- call has written to batches (written).
 
+-- Library functions as locals: a local is a register, a global a table lookup.
+local call, tonumber, unpack, format = redis.call, tonumber, unpack, string.format
+local find, sub, byte, min = string.find, string.sub, string.byte, math.min
+
+-- A new table whose array part already holds `count` slots (filled with
+-- copies of ARGV's first values, which the caller overwrites), so that
+-- filling it never resizes it: Lua 5.1 has no other way to presize.
+local function presized(count)
+  return { unpack(ARGV, 1, count) }
+end
+
 local function now_ms()
-  local t = redis.call('TIME')
+  local t = call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
@@ -30,7 +41,7 @@ end
 local function context(due, stream, flushed, dedup_ms)
   local now = now_ms()
   return { due = due, stream = stream, flushed = flushed, now = now,
-    now_s = string.format('%d', now), expire = string.format('%d', now + dedup_ms), written = 0 }
+    now_s = format('%d', now), expire = format('%d', now + dedup_ms), written = 0 }
 end
 
 -- Most arguments one command gets from a list, so that no call passes more
@@ -40,7 +51,7 @@ local CHUNK = 1000
 -- Calls `cmd key ...list` in chunks of CHUNK.
 local function chunked(cmd, key, list)
   for i = 1, #list, CHUNK do
-    redis.call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
+    call(cmd, key, unpack(list, i, min(i + CHUNK - 1, #list)))
   end
 end
 
@@ -50,10 +61,23 @@ local decimal = {}
 local function dec(n)
   local s = decimal[n]
   if not s then
-    s = string.format('%d', n)
+    s = format('%d', n)
     decimal[n] = s
   end
   return s
+end
+
+-- The number a decimal string holds, remembered: tonumber goes through
+-- strtod, which costs more than a table lookup, and the same short strings
+-- (group numbers, limits, counts) come back again and again.
+local numbers = {}
+local function num(s)
+  local n = numbers[s]
+  if not n then
+    n = tonumber(s)
+    numbers[s] = n
+  end
+  return n
 end
 
 -- The member that records a flushed item id of a key is this prefix, then the id.
@@ -66,20 +90,20 @@ end
 -- fields in insertion order, which is arrival order, so the list is sorted
 -- only when it is not already.
 local function load_group(gkey, it)
-  local flat = redis.call('HGETALL', gkey)
+  local flat = call('HGETALL', gkey)
   local meta, list, sorted, last = {}, {}, true, 0
   local seqs, ids, payloads = it.seq, it.id, it.payload
   local top = #ids
   for i = 1, #flat, 2 do
     local f = flat[i]
-    if string.byte(f, 1) == 58 then
+    if byte(f, 1) == 58 then
       local v = flat[i + 1]
-      local comma = string.find(v, ',', 1, true)
-      local seq = tonumber(string.sub(v, 1, comma - 1))
+      local comma = find(v, ',', 1, true)
+      local seq = num(sub(v, 1, comma - 1))
       if seq < last then sorted = false end
       last = seq
       top = top + 1
-      seqs[top], ids[top], payloads[top] = seq, string.sub(f, 2), string.sub(v, comma + 1)
+      seqs[top], ids[top], payloads[top] = seq, sub(f, 2), sub(v, comma + 1)
       list[#list + 1] = top
     else
       meta[f] = flat[i + 1]
@@ -106,7 +130,7 @@ local function write_batch(ctx, key, reason, opened, it, list, from, to)
   end
   local blob = table.concat(parts)
   local n = dec(to - from + 1)
-  local stream_id = redis.call('XADD', ctx.stream, '*', 'key', key, 'reason', reason,
+  local stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason,
     'opened', opened, 'flushed', ctx.now_s, 'n', n, 'items', blob)
   chunked('ZADD', ctx.flushed, members)
   ctx.written = ctx.written + to - from + 1
@@ -133,7 +157,7 @@ end
 -- call wrote, so the set shrinks as fast as it grows and no call stalls Redis.
 local function forget_stale(ctx)
   if ctx.written == 0 then return end
-  local stale = redis.call('ZRANGE', ctx.flushed, '-inf', ctx.now_s, 'BYSCORE',
+  local stale = call('ZRANGE', ctx.flushed, '-inf', ctx.now_s, 'BYSCORE',
     'LIMIT', 0, 2 * ctx.written + 16)
   if #stale > 0 then chunked('ZREM', ctx.flushed, stale) end
 end

@@ -17,7 +17,7 @@
 local ctx = context(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[3]))
 local gkey, key, reason, max_items = KEYS[4], ARGV[1], ARGV[2], tonumber(ARGV[4])
 
-local due = redis.call('ZSCORE', ctx.due, key)
+local due = call('ZSCORE', ctx.due, key)
 if not due then return {} end
 if reason == REASON.TIMEOUT and tonumber(due) > ctx.now then return {} end
 
@@ -27,7 +27,7 @@ local batches = {}
 if #list > 0 then
   batches = cut(ctx, key, reason, meta.o, it, list, max_items, false)
 end
-redis.call('DEL', gkey)
-redis.call('ZREM', ctx.due, key)
+call('DEL', gkey)
+call('ZREM', ctx.due, key)
 forget_stale(ctx)
 return batches
