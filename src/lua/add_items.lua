@@ -73,8 +73,17 @@ end
 -- Whether each item's id is already open in its group.
 local open = presized(n)
 
--- Reads group g's counters, and which of its arrivals' ids it already holds.
-local function read_group(g, gkey)
+local now, earliest = ctx.now, 0
+-- The reply, filled in first so that it is one array, not a sparse table.
+local out = presized(3 * n + 1)
+
+-- Each group in turn: read it, take its arrivals in order, write it back.
+-- This is one block, not a few functions, because a closure over this many
+-- locals costs more to create than a whole small call does otherwise.
+for g = 1, ngroups do
+  local gkey = KEYS[3 + g]
+
+  -- Read the group's counters, and which of its arrivals' ids it holds.
   local i = first_arrival[g]
   local fields, values
   if next_arrival[i] then
@@ -106,72 +115,11 @@ local function read_group(g, gkey)
     open[i] = values[k]
     i = next_arrival[i]
   end
-end
 
-local function push_pending(g, i)
-  if last_pending[g] then next_pending[last_pending[g]] = i else first_pending[g] = i end
-  last_pending[g] = i
-  next_pending[i] = false
-end
-
--- Flushes all that group g holds, the hash's items and then the pending ones.
--- A SIZE flush writes full batches only (more than one when max_items was
--- lowered by a reload while the group was open) and keeps the rest open.
--- Returns the last batch written.
-local function flush(g, gkey, reason)
-  local list = {}
-  if stored[g] > 0 then
-    local meta
-    meta, list = load_group(gkey, it)
-    if not reopened[g] then opened[g], due_at[g] = meta.o, tonumber(meta.d) end
-    call('DEL', gkey)
-    stored[g] = 0
-  end
-  local i = first_pending[g]
-  while i do
-    list[#list + 1] = i
-    i = next_pending[i]
-  end
-  local size_cut = reason == REASON.SIZE
-  local batches, from = cut(ctx, name[g], reason, opened[g], it, list, size_cut and max_items[g] or 0, size_cut)
-  first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
-  for k = from, #list do
-    push_pending(g, list[k])
-    size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[list[k]]
-  end
-  return batches[#batches]
-end
-
--- Writes group g's state after the call: its pending items and counters in
--- one HSET and its due entry if it (re)opened, or removes an emptied group.
-local function save(g, gkey)
-  if size[g] == 0 then
-    if indexed[g] then call('ZREM', ctx.due, name[g]) end
-    return
-  end
-  if not first_pending[g] then return end
-  local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', format('%d', seq[g]) }
-  if stored[g] == 0 then
-    args[7], args[8], args[9], args[10] = 'o', opened[g], 'd', format('%d', due_at[g])
-  end
-  local i = first_pending[g]
-  while i do
-    args[#args + 1] = ':' .. ids[i]
-    args[#args + 1] = dec(seqs[i]) .. ',' .. payloads[i]
-    i = next_pending[i]
-  end
-  chunked('HSET', gkey, args)
-  if reopened[g] or not indexed[g] then call('ZADD', ctx.due, due_at[g], name[g]) end
-end
-
-local now, earliest = ctx.now, 0
--- The reply, filled in first so that it is one array, not a sparse table.
-local out = presized(3 * n + 1)
-for g = 1, ngroups do
-  local gkey = KEYS[3 + g]
-  read_group(g, gkey)
+  -- Take the arrivals in order: a duplicate, or a new pending item that may
+  -- complete the group.
   local seen = next_arrival[first_arrival[g]] and {} or nil
-  local i = first_arrival[g]
+  i = first_arrival[g]
   while i do
     local id, until_ms = ids[i], flushed_until[i]
     local at = 3 * i - 1
@@ -185,19 +133,68 @@ for g = 1, ngroups do
       end
       seq[g] = seq[g] + 1
       seqs[i] = seq[g]
-      push_pending(g, i)
+      if last_pending[g] then next_pending[last_pending[g]] = i else first_pending[g] = i end
+      last_pending[g], next_pending[i] = i, false
       size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[i]
-      local batch = false
+      local reason = false
       if size[g] >= max_items[g] then
-        batch = flush(g, gkey, REASON.SIZE)
+        reason = REASON.SIZE
       elseif max_bytes[g] > 0 and bytes[g] >= max_bytes[g] then
-        batch = flush(g, gkey, REASON.BYTES)
+        reason = REASON.BYTES
+      end
+      local batch = false
+      if reason then
+        -- Flush all the group holds, the hash's items and then the pending
+        -- ones. A SIZE flush writes full batches only (more than one when
+        -- max_items was lowered by a reload while the group was open) and
+        -- keeps the rest open; this add reports the last batch.
+        local list = {}
+        if stored[g] > 0 then
+          local meta
+          meta, list = load_group(gkey, it)
+          if not reopened[g] then opened[g], due_at[g] = meta.o, tonumber(meta.d) end
+          call('DEL', gkey)
+          stored[g] = 0
+        end
+        local p = first_pending[g]
+        while p do
+          list[#list + 1] = p
+          p = next_pending[p]
+        end
+        local size_cut = reason == REASON.SIZE
+        local batches, from = cut(ctx, name[g], reason, opened[g], it, list, size_cut and max_items[g] or 0, size_cut)
+        batch = batches[#batches]
+        first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
+        for r = from, #list do
+          p = list[r]
+          if last_pending[g] then next_pending[last_pending[g]] = p else first_pending[g] = p end
+          last_pending[g], next_pending[p] = p, false
+          size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[p]
+        end
       end
       out[at], out[at + 1], out[at + 2] = 1, size[g], batch
     end
     i = next_arrival[i]
   end
-  save(g, gkey)
+
+  -- Write the group back: its pending items and counters in one HSET and
+  -- its due entry if it (re)opened, or nothing of an emptied group.
+  if size[g] == 0 then
+    if indexed[g] then call('ZREM', ctx.due, name[g]) end
+  elseif first_pending[g] then
+    local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', format('%d', seq[g]) }
+    if stored[g] == 0 then
+      args[7], args[8], args[9], args[10] = 'o', opened[g], 'd', format('%d', due_at[g])
+    end
+    i = first_pending[g]
+    while i do
+      args[#args + 1] = ':' .. ids[i]
+      args[#args + 1] = dec(seqs[i]) .. ',' .. payloads[i]
+      i = next_pending[i]
+    end
+    chunked('HSET', gkey, args)
+    if reopened[g] or not indexed[g] then call('ZADD', ctx.due, due_at[g], name[g]) end
+  end
 end
 forget_stale(ctx)
 
