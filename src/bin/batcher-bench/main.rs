@@ -72,15 +72,10 @@
 //!    to 100 subscribers (scenario 4, sampled every 100 ms). Target: RSS must
 //!    not grow with open groups; held when RSS at 1M ≤ 1.25× RSS at 1k.
 
-#[path = "batcher_bench/ceiling.rs"]
 mod ceiling;
-#[path = "batcher_bench/load.rs"]
 mod load;
-#[path = "batcher_bench/procs.rs"]
 mod procs;
-#[path = "batcher_bench/report.rs"]
 mod report;
-#[path = "batcher_bench/scenarios.rs"]
 mod scenarios;
 
 use std::future::Future;
