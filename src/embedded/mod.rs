@@ -35,8 +35,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use self::launcher::{Launch, LaunchError, Listen};
-use crate::config::AppendFsync;
 use self::supervisor::Spawner;
+use crate::config::AppendFsync;
 
 /// Longest socket path we hand to redis; `sun_path` holds 108 bytes including
 /// the NUL, and we keep a margin.

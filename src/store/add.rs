@@ -13,8 +13,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::decode::AddReply;
 use super::{AddArgs, Result, Store, StoreError, invoke};
 use crate::batch::{Batch, DecodeError, Item};
-use crate::policy::Policy;
 use crate::keys::Keyspace;
+use crate::policy::Policy;
 use crate::scripts;
 
 /// One item to add, with the policy of its key resolved.

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::policy::Policy;
 use crate::keys::Keyspace;
+use crate::policy::Policy;
 
 /// The KEYS and ARGV of one call of the add script (`scripts::ADD_ITEMS`)
 /// for one shard, as `src/lua/add_items.lua` documents them:
