@@ -24,7 +24,7 @@ pub struct Target {
 }
 
 impl Target {
-    pub fn processes(&self) -> [(&'static str, Option<u32>); 3] {
+    fn processes(&self) -> [(&'static str, Option<u32>); 3] {
         [
             ("redis", self.redis_pid),
             ("service", self.service_pid),
