@@ -197,7 +197,7 @@ impl Document<'_> {
         let _ = writeln!(out, "# Benchmarks\n");
         let _ = writeln!(
             out,
-            "Written by `batcher-bench` (`src/bin/batcher-bench.rs`); rerun it to refresh \
+            "Written by `batcher-bench` (`src/bin/batcher-bench/`); rerun it to refresh \
              this file. Redis, the service and the load generator share one machine, so \
              every throughput is also given as a ratio to the ceiling measured in the \
              same run.\n"
@@ -253,4 +253,50 @@ impl Document<'_> {
         );
         out
     }
+}
+
+/// The load average (1, 5, 15 min) from /proc/loadavg, or "unknown".
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The command that reproduces this run.
+pub fn command_line() -> String {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .map(|a| {
+            if a.contains(|c: char| c.is_whitespace() || "'\"$`\\".contains(c)) {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            } else {
+                a
+            }
+        })
+        .collect();
+    if args.is_empty() {
+        "cargo run --release --bin batcher-bench".into()
+    } else {
+        format!(
+            "cargo run --release --bin batcher-bench -- {}",
+            args.join(" ")
+        )
+    }
+}
+
+/// `git describe --always --dirty` of the repository, or "unknown".
+pub fn git_commit() -> String {
+    std::process::Command::new("git")
+        .args([
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "describe",
+            "--always",
+            "--dirty",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
 }

@@ -176,16 +176,43 @@ impl CpuMeter {
         }
     }
 
-    /// "redis 97%, service 120%, bench 45%" (percent of one core).
-    pub fn finish(&self) -> String {
-        let wall = self.started.elapsed().as_secs_f64().max(1e-9);
-        self.procs
-            .iter()
-            .filter_map(|(name, pid, before)| {
-                let used = cpu_secs(*pid)? - (*before)?;
-                Some(format!("{name} {:.0}%", 100.0 * used / wall))
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
+    /// The CPU time each process used since [`CpuMeter::start`].
+    pub fn finish(&self) -> CpuUse {
+        CpuUse {
+            wall: self.started.elapsed().as_secs_f64().max(1e-9),
+            used: self
+                .procs
+                .iter()
+                .filter_map(|(name, pid, before)| Some((*name, cpu_secs(*pid)? - (*before)?)))
+                .collect(),
+        }
+    }
+}
+
+/// The CPU time (user + system) that each metered process used over a window.
+#[derive(Default)]
+pub struct CpuUse {
+    /// The window's wall time, in seconds.
+    wall: f64,
+    /// Each process that could be read, and its CPU seconds over the window.
+    used: Vec<(&'static str, f64)>,
+}
+
+impl CpuUse {
+    /// CPU seconds that the process named `name` used, when it was metered.
+    pub fn seconds(&self, name: &str) -> Option<f64> {
+        self.used.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+    }
+}
+
+/// "redis 97%, service 120%, bench 45%" (percent of one core); "" when
+/// nothing could be metered.
+impl std::fmt::Display for CpuUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (name, used)) in self.used.iter().enumerate() {
+            let sep = if i > 0 { ", " } else { "" };
+            write!(f, "{sep}{name} {:.0}%", 100.0 * used / self.wall)?;
+        }
+        Ok(())
     }
 }

@@ -12,6 +12,7 @@ use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use hdrhistogram::Histogram;
 use tokio::task::JoinSet;
+use tonic::Streaming;
 use tonic::transport::{Channel, Endpoint};
 
 /// A gRPC client of the service. Each one made by [`connect`] has its own
@@ -52,6 +53,19 @@ pub fn key(scenario: &str, run: &str, n: u64) -> String {
 /// An item id: 25 bytes, unique per run, caller and sequence number.
 pub fn id(run: &str, caller: usize, seq: u64) -> Vec<u8> {
     format!("{run}{caller:08}-{seq:012}").into_bytes()
+}
+
+/// Subscribes `client` to every batch of the keys that start with `prefix`.
+pub async fn subscribe(client: &mut Client, prefix: &str) -> Result<Streaming<pb::Batch>, String> {
+    let request = pb::SubscribeRequest {
+        key_prefixes: vec![prefix.to_string()],
+        ..Default::default()
+    };
+    Ok(client
+        .subscribe(request)
+        .await
+        .map_err(|s| format!("Subscribe: {}", s.message()))?
+        .into_inner())
 }
 
 /// One add request with the standard payload.

@@ -196,7 +196,7 @@ impl Context<'_> {
             }
             Err(e) => return Err(format!("redis-benchmark: {e}")),
         };
-        let cpu = cpu.finish();
+        let cpu = cpu.finish().to_string();
         let stdout = String::from_utf8_lossy(&output.stdout);
         if !output.status.success() {
             return Err(format!(

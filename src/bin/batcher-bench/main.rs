@@ -1,0 +1,334 @@
+//! `batcher-bench`: the benchmark harness of batcher (issue 4).
+//!
+//! Layout: `main.rs` (this: the CLI and the hidden `__serve` subcommand),
+//! `service.rs` (the config under test and a fresh service per scenario),
+//! `runner.rs` (runs the scenarios in order), `ceiling.rs`, one file per
+//! scenario (`ingest.rs`, `precision.rs`, `fanout.rs`, `scale.rs`,
+//! `remembered.rs`) over `scenarios.rs` (what they share) and `load.rs` (load
+//! generation), `procs.rs` (child processes, CPU and RSS), `reports.rs`
+//! (results to rows and notes), `report.rs` (the table and BENCHMARKS.md) and
+//! `method.rs` (its "How each figure is computed").
+//!
+//! ```sh
+//! cargo run --release --bin batcher-bench              # full run, writes BENCHMARKS.md
+//! cargo run --release --bin batcher-bench -- --quick   # smoke run (CI), well under 2 minutes
+//! ```
+//!
+//! By default it starts its own `redis-server` (free loopback port, temporary
+//! directory, no persistence) and runs the service as a child process (this
+//! binary re-executed with the hidden `__serve` subcommand), so the service's
+//! RSS and CPU time can be read apart from the load generator's. A fresh
+//! service is started for each scenario, after a FLUSHALL of the bench's own
+//! Redis. `--redis-url` and `--service` target given ones instead; an external
+//! Redis is never flushed (every key and id carries a per-run tag), and an
+//! external service must run the config `--print-config` prints. Every child
+//! is killed when the bench exits, panics, or is interrupted.
+//!
+//! Redis, the service and the load generator share the machine, so throughput
+//! is reported next to a ceiling measured in the same run, as a ratio. The
+//! exit status is 0 whatever the figures; it is 1 only if a scenario could
+//! not run at all.
+//!
+//! # Ceiling
+//! `redis-benchmark` with 50 clients runs `EVALSHA` of the service's own add
+//! script (`batcher::scripts::ADD_ITEMS`) with the exact argument list
+//! `batcher::store::AddArgs` builds for one item, once without pipelining and once
+//! with `-P 16`, each sized by a short calibration run to last about 5 s
+//! (quick: 1.5 s). Figure: calls per second, which is items per second. See
+//! `ceiling.rs` for how keys and ids vary and how every call is checked to add.
+//!
+//! # Scenarios
+//! 1. **Ingest through AddMany.** 16 callers over 4 HTTP/2 connections send
+//!    AddMany calls of 100 items, each under one of 10k keys at random
+//!    (policy: max_items 10), for 10 s (quick: 2 s) after a 1 s warm-up.
+//!    Figure: items added by calls that completed inside the window, divided
+//!    by the window. Target: ≥ 1.0× the pipelined ceiling. Second figure
+//!    (row 1b): Redis CPU µs per added item, redis-server's user+sys CPU time
+//!    over the window (`/proc/<pid>/stat`, so only with the bench's own
+//!    Redis) divided by the items added in it. Target: ≤ 8 µs.
+//! 2. **Ingest through unary Add.** The same with 64 callers over 8
+//!    connections, one item per call. Figure: adds per second, call latency
+//!    p50/p99, and Redis CPU µs per added item (no target). Target: ≥ 0.55×
+//!    the unpipelined ceiling.
+//! 3. **Timeout precision.** A subscriber is started, then 100k one-item
+//!    groups (quick: 5k) are opened evenly within 5 s (quick: 1 s), group i
+//!    under the key glob with max_wait (1 + i mod 12) × 5 s (quick: (1 + i mod
+//!    5) × 1 s), so due times spread evenly over 60 s (quick: 5 s). For each
+//!    batch received, lateness = flushed_at − (opened_at + max_wait), all on
+//!    the Redis clock, in whole milliseconds. Figure: p50, p99, max lateness,
+//!    and groups missed (no batch within 5 s of the last due time). Target:
+//!    p99 ≤ 5 ms, max ≤ 25 ms, none missed.
+//! 4. **Flush to subscriber.** 100 subscribers, each on its own connection,
+//!    subscribe to a key prefix; 100 groups per second are completed (AddMany
+//!    of 10 items under a fresh key, which flushes by SIZE) for 10 s (quick:
+//!    2 s). Latency = the subscriber's receive time (host clock) − the batch's
+//!    flushed_at (Redis clock, same host; Redis reports whole milliseconds, so
+//!    this overstates by 0–1 ms). Figure: p50/p99 over every delivery.
+//!    Target: p99 ≤ 5 ms. The service's RSS is sampled every 100 ms meanwhile.
+//! 5. **Scale.** 1k one-item groups (policy: max_items 1000, max_wait 1 h)
+//!    are opened and a fresh service is started over them. 4 probers then
+//!    each add one item under a fresh key and remove it again, 20k times in
+//!    all (quick: 4k) after a tenth as many unrecorded, so the probe opens a
+//!    group (the add path that also touches the due set) without changing the
+//!    count. That service then opens groups up to 1M (quick: 20k), and the
+//!    probe runs on another fresh service, so the two probes differ only in
+//!    the number of open groups (the probe on the service that did the
+//!    opening is reported too, as is Redis's time per script call during each
+//!    probe). Figure: p99 Add latency at 1M / at 1k. Target: ≤ 1.25.
+//! 6. **Redis memory per open group.** Redis `used_memory` after opening the
+//!    groups from 1k to 1M, minus before, divided by the groups opened (one
+//!    item each: 15-byte key, 25-byte id, 32-byte payload). Target: ≤ 400 bytes.
+//! 7. **Service RSS.** VmRSS of a fresh service after the probe, over 1k and
+//!    over 1M open groups: the same history, so a difference could only be
+//!    state held per open group. Also reported: the RSS of the service that
+//!    opened the 1M groups, after its probe, and the peak RSS while streaming
+//!    to 100 subscribers (scenario 4, sampled every 100 ms). Target: RSS must
+//!    not grow with open groups; held when RSS at 1M ≤ 1.25× RSS at 1k.
+//! 8. **Redis memory per remembered item id.** 200k items (quick: 20k) are
+//!    added through AddMany, ten under each of 20k fresh keys (max_items 10;
+//!    15-byte key, 25-byte id), so every group flushes by SIZE and every id
+//!    is remembered for the dedup window in its shard's flushed set. Figure:
+//!    `MEMORY USAGE <flushed set> SAMPLES 0` summed over the shards, divided
+//!    by their `ZCARD` total: exactly the remembered ids, in Redis's own
+//!    allocation sizes. Cross-check in the details: (`used_memory` after −
+//!    before − `MEMORY USAGE` of the shard streams) / items. No target.
+
+mod ceiling;
+mod fanout;
+mod ingest;
+mod load;
+mod method;
+mod precision;
+mod procs;
+mod remembered;
+mod report;
+mod reports;
+mod runner;
+mod scale;
+mod scenarios;
+mod service;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use batcher::config::Config;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use runner::Runner;
+use scenarios::Sizes;
+use service::Env;
+
+#[derive(Parser)]
+#[command(about = "Benchmarks batcher against its own Lua script on raw Redis")]
+struct Args {
+    /// Smoke run: small sizes and short windows (CI runs this).
+    #[arg(long)]
+    quick: bool,
+    /// Use this Redis instead of starting one. It is never flushed.
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
+    /// Use the service at this address instead of starting one; it must use
+    /// the Redis given by --redis-url and the config --print-config prints.
+    #[arg(long, value_name = "ADDR", requires = "redis_url")]
+    service: Option<SocketAddr>,
+    /// Where to write the report [default: BENCHMARKS.md in the repository;
+    /// with --quick, target/BENCHMARKS.quick.md; with --only,
+    /// target/BENCHMARKS.partial.md].
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// Run only these scenarios (comma-separated: ceiling,1,2,3,4,5,6,7,8;
+    /// 5, 6 and 7 run together), e.g. to profile one of them.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    only: Vec<String>,
+    /// Print the service config the bench runs, and exit.
+    #[arg(long)]
+    print_config: bool,
+    #[command(subcommand)]
+    command: Option<Hidden>,
+}
+
+#[derive(Subcommand)]
+enum Hidden {
+    /// Runs the service under test (the bench starts itself with this).
+    #[command(name = "__serve", hide = true)]
+    Serve {
+        #[arg(long)]
+        config_toml: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Some(Hidden::Serve { config_toml }) = args.command {
+        return serve(&config_toml);
+    }
+    if args.print_config {
+        let url = args
+            .redis_url
+            .as_deref()
+            .unwrap_or("redis://127.0.0.1:6379");
+        print!("{}", service::service_config(url));
+        return ExitCode::SUCCESS;
+    }
+    let threads: usize = std::env::var("BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("batcher-bench: cannot start tokio: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The main future runs on this thread, which is the one that spawns every
+    // child (see procs.rs). Ctrl-C drops it, and with it every child.
+    runtime.block_on(async {
+        tokio::select! {
+            code = bench(args) => code,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("batcher-bench: interrupted");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// The hidden `__serve` subcommand: the service under test, printing
+/// `LISTENING <addr>` on stdout once it has bound its port.
+fn serve(config_toml: &str) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match Config::parse(config_toml, "bench") {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("batcher-bench __serve: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    runtime.block_on(async {
+        let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+            Ok(listener) => listener,
+            Err(e) => {
+                eprintln!("batcher-bench __serve: cannot listen: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match listener.local_addr() {
+            Ok(addr) => println!("LISTENING {addr}"),
+            Err(e) => {
+                eprintln!("batcher-bench __serve: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        let shutdown = CancellationToken::new();
+        match batcher::server::run(listener, config, None, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("batcher-bench __serve: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// Runs every scenario (or those --only names), prints the table and writes the report.
+async fn bench(args: Args) -> ExitCode {
+    let started = Instant::now();
+    let load_before = report::load_average();
+    let sizes = Sizes::new(args.quick);
+    let run_tag = format!(
+        "{:04x}",
+        (std::process::id() ^ (load::now_micros() as u32)) & 0xffff
+    );
+    let mut runner = Runner::new(args.only.clone());
+    let mut env = match Env::start(args.redis_url.clone(), args.service).await {
+        Ok(env) => env,
+        Err(e) => {
+            eprintln!("batcher-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let redis_version = scenarios::redis_version(&env.redis_url).await;
+    if env.redis.is_none() {
+        runner.notes.push(format!(
+            "Redis was external ({}): it was not flushed between scenarios, so \
+             memory and latency figures include whatever else it holds.",
+            env.redis_url
+        ));
+    }
+    runner::run_all(&mut runner, &mut env, &sizes, &run_tag, args.quick).await;
+
+    println!("\n{}", report::text_table(&runner.rows));
+    for note in &runner.notes {
+        println!("- {note}");
+    }
+    let machine = report::Machine::detect();
+    let document = report::Document {
+        rows: &runner.rows,
+        notes: &runner.notes,
+        machine: &machine,
+        load_before: &load_before,
+        command: &report::command_line(),
+        date: &report::utc_now(),
+        mode: if args.quick {
+            "quick (smoke run; small sizes)"
+        } else {
+            "full"
+        },
+        redis_version: &redis_version,
+        commit: &report::git_commit(),
+        config: &env
+            .config_text
+            .replace(&env.redis_url, "<the bench's own redis-server>"),
+        method: method::METHOD,
+    };
+    let out = out_path(&args);
+    if let Some(dir) = out.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let mut failed = runner.failed;
+    match std::fs::write(&out, document.render()) {
+        Ok(()) => println!(
+            "\nwrote {} ({:.0} s in all)",
+            out.display(),
+            started.elapsed().as_secs_f64()
+        ),
+        Err(e) => {
+            eprintln!("batcher-bench: cannot write {}: {e}", out.display());
+            failed = true;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Where the report goes: --out, or by mode (see `Args::out`).
+fn out_path(args: &Args) -> PathBuf {
+    args.out.clone().unwrap_or_else(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        if args.quick {
+            root.join("target").join("BENCHMARKS.quick.md")
+        } else if !args.only.is_empty() {
+            root.join("target").join("BENCHMARKS.partial.md")
+        } else {
+            root.join("BENCHMARKS.md")
+        }
+    })
+}

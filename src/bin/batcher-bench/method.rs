@@ -1,0 +1,48 @@
+//! The "How each figure is computed" section of BENCHMARKS.md: the bin's
+//! module doc, told briefly.
+
+/// The method section of BENCHMARKS.md (`main.rs`'s module doc has the details).
+pub const METHOD: &str = "\
+- **Ceiling**: `redis-benchmark -c 50` running `EVALSHA` of the service's own add script \
+  (`batcher::scripts::ADD_ITEMS`) with the argument list `batcher::store::AddArgs` builds for one \
+  item (KEYS: due set, stream, flushed set, group hash of one shard; ARGV: dedup window, 1 group, \
+  key, max_items 10, max_wait, max_bytes 0, then group 1, a 25-byte id, a 32-byte payload), \
+  without pipelining and with `-P 16`, on the same redis-server, in the same run. Keys range \
+  over 10k values with `-r 10000`. redis-benchmark draws each `__rand_int__` independently, so \
+  the group hash and the due-set member come from different draws: the hashes behave exactly \
+  (10 items, then a SIZE flush), and ZADD/ZREM touch a due set of the same size. Every run \
+  checks afterwards that every call added its item.
+- **1. AddMany**: 16 callers, 4 HTTP/2 connections, calls of 100 items over 10k keys; items \
+  added by calls completing in the window / window. Target ≥ 1.0× the `-P 16` ceiling.
+- **1b. Redis CPU per item**: redis-server's user+system CPU time over the measured window \
+  (from `/proc/<pid>/stat`, so only with the bench's own Redis) / the items added by calls \
+  completing in that window. Target for AddMany ≤ 8 µs; shown for unary Add too, without a \
+  target.
+- **2. Add**: 64 callers, 8 connections, one item per call over 10k keys; adds per second. \
+  Target ≥ 0.55× the unpipelined ceiling.
+- **3. Timeout lateness**: one-item groups opened evenly within 5 s under 12 globs with \
+  max_wait 5 s, 10 s … 60 s, so due times spread over 60 s (quick: 5k groups, 5 globs, \
+  1 s … 5 s); lateness = `flushed_at − (opened_at + max_wait)` on the Redis clock, in whole \
+  ms, from a Subscribe stream; missed = no batch within 5 s of the last due time.
+- **4. Flush to subscriber**: 100 subscribers on their own connections; 100 size-flushes per \
+  second; latency = receive time (host clock) − `flushed_at` (Redis clock, same host, whole \
+  ms, so figures overstate by up to 1 ms), over every delivery.
+- **5. Scale**: 4 probers each Add one item under a fresh key (opening a group) and Remove \
+  it, so the number of open groups stays put; p99 Add latency with 1M open one-item groups \
+  (quick: 20k) over p99 with 1k, each on a freshly started service.
+- **6. Memory**: (Redis `used_memory` after opening the groups from 1k to 1M − before) / groups \
+  opened; each group holds one item: 15-byte key, 25-byte id, 32-byte payload.
+- **7. RSS**: VmRSS of a freshly started service after the same probe, over 1k and over 1M \
+  open groups (same history, so a difference would be per-group state); also the RSS of the \
+  service that ingested the 1M groups, and the peak while streaming to the 100 subscribers of \
+  scenario 4.
+- **8. Memory per remembered item id**: 200k items (quick: 20k) are added by AddMany calls \
+  of 100, ten items under each of 20k fresh keys (max_items 10), so every group flushes by \
+  SIZE and every id is remembered for the dedup window in its shard's flushed set. Figure: \
+  `MEMORY USAGE <flushed set> SAMPLES 0` summed over the 16 shards / their `ZCARD` total: \
+  only the remembered ids, measured by Redis's own allocation sizes (15-byte key, 25-byte \
+  id). Reference, no target. Cross-check in the details: (`used_memory` after − before − \
+  `MEMORY USAGE` of the shard streams) / items added.
+- CPU figures are the user+system time of each process over the measured window, in percent \
+  of one core.
+";

@@ -1,0 +1,298 @@
+//! The per-scenario report: how each scenario's result becomes rows of the
+//! table (figure, target, ratio, verdict) and a line of the details.
+
+use super::ceiling::Ceiling;
+use super::fanout::Fanout;
+use super::ingest::Ingest;
+use super::load;
+use super::precision::Precision;
+use super::remembered::Remembered;
+use super::report::{Row, Verdict};
+use super::runner::Runner;
+use super::scale::{Probe, ScaleResult};
+
+/// The AddMany target on Redis CPU per item (issue 7), in µs.
+const ADD_MANY_REDIS_US: f64 = 8.0;
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn ratio(value: f64, reference: f64) -> f64 {
+    if reference > 0.0 {
+        value / reference
+    } else {
+        f64::NAN
+    }
+}
+
+/// "0.53×" and PASS when `value` is at least `factor` times `reference`.
+fn versus(value: f64, reference: Option<f64>, factor: f64) -> (String, Verdict) {
+    match reference {
+        Some(reference) => {
+            let r = ratio(value, reference);
+            (format!("{r:.2}×"), Verdict::of(r >= factor))
+        }
+        None => ("n/a (no ceiling)".to_string(), Verdict::Info),
+    }
+}
+
+/// The two ceiling rows, and their commands and checks in the notes.
+pub fn ceiling(runner: &mut Runner, c: &Ceiling) {
+    for (label, run) in [("no pipelining", &c.unpipelined), ("-P 16", &c.pipelined)] {
+        runner.rows.push(Row::new(
+            format!("ceiling: EVALSHA add_items, 50 clients, {label}"),
+            format!("{:.0} calls/s", run.ops_per_sec),
+            "reference",
+            "",
+            Verdict::Info,
+        ));
+        let check = if run.added == run.issued {
+            "every call added its item".to_string()
+        } else {
+            format!("only {} of {} calls added an item", run.added, run.issued)
+        };
+        runner.notes.push(format!(
+            "Ceiling, {label}: {:.0} calls/s over {} calls ({check}); CPU {}. Command: `{}`",
+            run.ops_per_sec,
+            run.issued,
+            if run.cpu.is_empty() { "n/a" } else { &run.cpu },
+            run.command
+        ));
+    }
+}
+
+/// The timeout-lateness row, and what else the run saw in the notes.
+pub fn precision(runner: &mut Runner, name: &str, r: &Precision) {
+    let (p50, p99, max) = (
+        load::ms(&r.lateness, 0.5),
+        load::ms(&r.lateness, 0.99),
+        r.lateness.max() as f64 / 1000.0,
+    );
+    runner.rows.push(Row::new(
+        name,
+        format!(
+            "p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms, missed {} of {}",
+            r.missed, r.groups
+        ),
+        "p99 ≤ 5 ms, max ≤ 25 ms, none missed",
+        "",
+        Verdict::of(p99 <= 5.0 && max <= 25.0 && r.missed == 0),
+    ));
+    runner.notes.push(format!(
+        "3. Timeout precision: {} groups opened in {:.1} s, {} batches received, \
+         {} duplicate batches, {} early or non-TIMEOUT batches; CPU over the run {}{}.",
+        r.groups, r.open_secs, r.received, r.duplicates, r.anomalies, r.cpu, r.open_errors
+    ));
+}
+
+/// The rows of scenarios 5, 6 and 7 (those --only asks for), and the notes.
+pub fn scale(runner: &mut Runner, name: &str, r: &ScaleResult, streaming_rss: Option<u64>) {
+    let (small, large) = (
+        load::ms(&r.probe_small.latency, 0.99),
+        load::ms(&r.probe_large.latency, 0.99),
+    );
+    let scale_ratio = ratio(large, small);
+    if runner.wants("5") {
+        runner.rows.push(Row::new(
+            name,
+            format!("p99 {large:.2} ms vs {small:.2} ms"),
+            "ratio ≤ 1.25",
+            format!("{scale_ratio:.2}×"),
+            Verdict::of(scale_ratio <= 1.25),
+        ));
+    }
+    let per_group = (r.memory_after as f64 - r.memory_before as f64) / (r.large - r.small) as f64;
+    if runner.wants("6") {
+        runner.rows.push(Row::new(
+            "6. Redis memory per open group",
+            format!("{per_group:.0} bytes"),
+            "≤ 400 bytes",
+            "",
+            Verdict::of(per_group <= 400.0),
+        ));
+    }
+    let name = format!("7. service RSS, {}k vs 1k open groups", r.large / 1000);
+    match (r.rss_small, r.rss_large) {
+        _ if !runner.wants("7") => {}
+        (Some(rss_small), Some(rss_large)) => {
+            let rss_ratio = ratio(rss_large as f64, rss_small as f64);
+            runner.rows.push(Row::new(
+                name,
+                format!(
+                    "{} vs {}; {} after ingesting them; {} streaming to 100 subscribers",
+                    mib(rss_large),
+                    mib(rss_small),
+                    r.rss_after_ingest.map_or("n/a".into(), mib),
+                    streaming_rss.map_or("n/a".into(), mib)
+                ),
+                "must not grow with open groups (≤ 1.25×)",
+                format!("{rss_ratio:.2}×"),
+                Verdict::of(rss_ratio <= 1.25),
+            ));
+        }
+        _ => runner.rows.push(Row::new(
+            name,
+            "n/a (external service)",
+            "report",
+            "",
+            Verdict::Info,
+        )),
+    }
+    let p50 = |p: &Probe| load::ms(&p.latency, 0.5);
+    let p99 = |p: &Probe| load::ms(&p.latency, 0.99);
+    runner.notes.push(format!(
+        "5-7. Groups {}k → {}k opened at {:.0} groups/s (CPU {}). Add latency on a fresh \
+         service: p50 {:.2} ms, p99 {:.2} ms at 1k; p50 {:.2} ms, p99 {:.2} ms at {}k. On the \
+         service that had just opened them: p50 {:.2} ms, p99 {:.2} ms. Redis time per script \
+         call (add or remove) during these probes: {:.1} µs, {:.1} µs, {:.1} µs. Redis \
+         used_memory {:.1} MiB → {:.1} MiB.",
+        r.small / 1000,
+        r.large / 1000,
+        r.fill_per_sec,
+        r.fill_cpu,
+        p50(&r.probe_small),
+        p99(&r.probe_small),
+        p50(&r.probe_large),
+        p99(&r.probe_large),
+        r.large / 1000,
+        p50(&r.probe_after_ingest),
+        p99(&r.probe_after_ingest),
+        r.probe_small.redis_us_per_call,
+        r.probe_large.redis_us_per_call,
+        r.probe_after_ingest.redis_us_per_call,
+        r.memory_before as f64 / 1048576.0,
+        r.memory_after as f64 / 1048576.0,
+    ));
+}
+
+/// "Redis CPU 13.7 µs/item", or n/a when Redis's CPU could not be read.
+fn redis_cpu(r: &Ingest) -> String {
+    match r.redis_us_per_item() {
+        Some(us) => format!("Redis CPU {us:.1} µs/item"),
+        None => "Redis CPU n/a (external Redis)".into(),
+    }
+}
+
+/// Scenario 1's throughput row, its Redis-CPU-per-item row, and its notes.
+pub fn add_many(runner: &mut Runner, name: &str, r: &Ingest, pipelined: Option<f64>) {
+    let per_sec = r.stats.per_sec();
+    let (ratio, verdict) = versus(per_sec, pipelined, 1.0);
+    runner.rows.push(Row::new(
+        name,
+        format!("{per_sec:.0} items/s; {}", redis_cpu(r)),
+        "≥ 1.0× pipelined ceiling",
+        ratio,
+        verdict,
+    ));
+    let target = format!("≤ {ADD_MANY_REDIS_US:.0} µs");
+    runner.rows.push(match r.redis_us_per_item() {
+        Some(us) => Row::new(
+            "1b. Redis CPU per item, AddMany",
+            format!("{us:.1} µs"),
+            target,
+            "",
+            Verdict::of(us <= ADD_MANY_REDIS_US),
+        ),
+        None => Row::new(
+            "1b. Redis CPU per item, AddMany",
+            "n/a (external Redis)",
+            target,
+            "",
+            Verdict::Info,
+        ),
+    });
+    runner.notes.push(format!(
+        "1. AddMany: {} items in {:.0} s, call latency p50 {:.1} ms, p99 {:.1} ms; \
+         CPU {}; {}{}.",
+        r.stats.added,
+        r.stats.window.as_secs_f64(),
+        load::ms(&r.stats.latency, 0.5),
+        load::ms(&r.stats.latency, 0.99),
+        r.cpu,
+        redis_cpu(r),
+        r.stats.error_note()
+    ));
+}
+
+/// The unary Add target: this share of the unpipelined ceiling (issue 7).
+const ADD_SHARE: f64 = 0.55;
+
+/// Scenario 2's row (throughput, latency, Redis CPU per item) and notes.
+pub fn add(runner: &mut Runner, name: &str, r: &Ingest, unpipelined: Option<f64>) {
+    let per_sec = r.stats.per_sec();
+    let (ratio, verdict) = versus(per_sec, unpipelined, ADD_SHARE);
+    runner.rows.push(Row::new(
+        name,
+        format!(
+            "{per_sec:.0} adds/s (p50 {:.1} ms, p99 {:.1} ms); {}",
+            load::ms(&r.stats.latency, 0.5),
+            load::ms(&r.stats.latency, 0.99),
+            redis_cpu(r)
+        ),
+        format!("≥ {ADD_SHARE}× unpipelined ceiling"),
+        ratio,
+        verdict,
+    ));
+    runner.notes.push(format!(
+        "2. Add: {} adds in {:.0} s; CPU {}; {}{}.",
+        r.stats.added,
+        r.stats.window.as_secs_f64(),
+        r.cpu,
+        redis_cpu(r),
+        r.stats.error_note()
+    ));
+}
+
+/// Scenario 4's latency row and notes.
+pub fn fanout(runner: &mut Runner, name: &str, r: &Fanout) {
+    let p99 = load::ms(&r.latency, 0.99);
+    runner.rows.push(Row::new(
+        name,
+        format!("p50 {:.1} ms, p99 {p99:.1} ms", load::ms(&r.latency, 0.5)),
+        "p99 ≤ 5 ms",
+        "",
+        Verdict::of(p99 <= 5.0),
+    ));
+    runner.notes.push(format!(
+        "4. Fan-out: {} batches × {} subscribers, {} of {} deliveries received, max \
+         latency {:.1} ms; CPU {}{}.",
+        r.batches,
+        r.subscribers,
+        r.delivered,
+        r.batches * r.subscribers as u64,
+        r.latency.max() as f64 / 1000.0,
+        r.cpu,
+        r.errors
+    ));
+}
+
+/// Scenario 8's reference row, and its cross-check in the notes.
+pub fn remembered(runner: &mut Runner, name: &str, r: &Remembered) {
+    runner.rows.push(Row::new(
+        name,
+        format!("{:.0} bytes", r.bytes_per_id()),
+        "reference",
+        "",
+        Verdict::Info,
+    ));
+    let missing = if r.remembered == r.items {
+        String::new()
+    } else {
+        format!(" (expected {}: every item added was flushed)", r.items)
+    };
+    runner.notes.push(format!(
+        "8. Dedup sets: {} items added at {:.0} items/s, all flushed by SIZE; {} ids \
+         remembered{missing}; flushed sets {:.2} MiB (MEMORY USAGE). Cross-check: Redis \
+         used_memory {:.1} MiB → {:.1} MiB, less {:.1} MiB of stream entries, is {:.0} \
+         bytes per item.",
+        r.items,
+        r.added_per_sec,
+        r.remembered,
+        r.flushed_set_bytes as f64 / 1048576.0,
+        r.memory_before as f64 / 1048576.0,
+        r.memory_after as f64 / 1048576.0,
+        r.stream_bytes as f64 / 1048576.0,
+        r.used_memory_per_item(),
+    ));
+}

@@ -1,0 +1,193 @@
+//! Runs the scenarios in order, each on a fresh service under a time limit,
+//! and collects their rows and notes; a scenario that cannot run becomes a
+//! NOT RUN row and makes the exit status 1.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use super::ceiling::{self, Ceiling};
+use super::report::Row;
+use super::scenarios::{Sizes, Target};
+use super::service::Env;
+use super::{fanout, ingest, load, precision, remembered, reports, scale};
+
+/// The table rows and notes collected so far, and whether any scenario could
+/// not run.
+pub struct Runner {
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+    pub failed: bool,
+    /// Scenario ids given to --only; empty for all.
+    only: Vec<String>,
+}
+
+impl Runner {
+    pub fn new(only: Vec<String>) -> Runner {
+        Runner {
+            rows: Vec::new(),
+            notes: Vec::new(),
+            failed: false,
+            only,
+        }
+    }
+
+    pub fn wants(&self, id: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == id)
+    }
+
+    /// Records a scenario that could not run, as a NOT RUN row.
+    fn not_run(&mut self, name: &str, error: &str) {
+        eprintln!("batcher-bench: {name} could not run: {error}");
+        self.failed = true;
+        self.rows.push(Row::not_run(name, error));
+    }
+
+    /// The target of a scenario, or a NOT RUN row when it could not be set up.
+    fn setup(&mut self, name: &str, target: Result<Target, String>) -> Option<Target> {
+        target.map_err(|e| self.not_run(name, &e)).ok()
+    }
+
+    /// Runs a scenario with a time limit; a failure becomes a NOT RUN row.
+    async fn attempt<T>(
+        &mut self,
+        name: &str,
+        limit: Duration,
+        future: impl Future<Output = Result<T, String>>,
+    ) -> Option<T> {
+        eprintln!("batcher-bench: {name} ...");
+        let started = Instant::now();
+        let result = match tokio::time::timeout(limit, future).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("did not finish within {} s", limit.as_secs())),
+        };
+        match result {
+            Ok(value) => {
+                eprintln!(
+                    "batcher-bench: {name} done in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                );
+                Some(value)
+            }
+            Err(e) => {
+                self.not_run(name, &e);
+                None
+            }
+        }
+    }
+}
+
+/// Runs the ceiling (when wanted) and every scenario --only lets through.
+pub async fn run_all(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &str, quick: bool) {
+    let ceiling = run_ceiling(runner, env, run, quick).await;
+    let unpipelined = ceiling.as_ref().map(|c| c.unpipelined.ops_per_sec);
+    let pipelined = ceiling.as_ref().map(|c| c.pipelined.ops_per_sec);
+
+    let name = "1. ingest via AddMany (100 items/call, 10k keys)";
+    if runner.wants("1")
+        && let Some(target) = runner.setup(name, env.fresh(true).await)
+    {
+        let run = ingest::ingest_add_many(&target, sizes, run);
+        if let Some(r) = runner.attempt(name, Duration::from_secs(120), run).await {
+            reports::add_many(runner, name, &r, pipelined);
+        }
+    }
+    let name = "2. ingest via unary Add (64 callers)";
+    if runner.wants("2")
+        && let Some(target) = runner.setup(name, env.fresh(true).await)
+    {
+        let run = ingest::ingest_add(&target, sizes, run);
+        if let Some(r) = runner.attempt(name, Duration::from_secs(120), run).await {
+            reports::add(runner, name, &r, unpipelined);
+        }
+    }
+    let name = format!(
+        "3. timeout lateness ({}k groups, due over {} s)",
+        sizes.precision_groups / 1000,
+        sizes.precision_waits.len() as u64 * sizes.precision_waits[0].as_secs()
+    );
+    if runner.wants("3")
+        && let Some(target) = runner.setup(&name, env.fresh(true).await)
+    {
+        let run = precision::timeout_precision(&target, sizes, run);
+        if let Some(r) = runner.attempt(&name, Duration::from_secs(180), run).await {
+            reports::precision(runner, &name, &r);
+        }
+    }
+    let streaming_rss = run_fanout(runner, env, sizes, run).await;
+    run_scale(runner, env, sizes, run, streaming_rss).await;
+    run_remembered(runner, env, sizes, run).await;
+    env.service = None;
+}
+
+/// The ceiling, when wanted: redis-benchmark on the bench's Redis, with the
+/// ingest scenarios' policy and dedup window.
+async fn run_ceiling(runner: &mut Runner, env: &Env, run: &str, quick: bool) -> Option<Ceiling> {
+    if !runner.wants("ceiling") {
+        return None;
+    }
+    let script_args = ceiling::ScriptArgs {
+        policy: env.config.policies().resolve(&load::key("am", run, 0)),
+        dedup: env.config.dedup.window,
+    };
+    let seconds = if quick { 1.5 } else { 5.0 };
+    let redis_pid = env.redis.as_ref().map(|r| r.pid());
+    let future = ceiling::run(&env.redis_url, redis_pid, &script_args, seconds, run);
+    let limit = Duration::from_secs(120);
+    let ceiling = runner
+        .attempt("ceiling (redis-benchmark)", limit, future)
+        .await?;
+    reports::ceiling(runner, &ceiling);
+    Some(ceiling)
+}
+
+/// Scenario 4; returns the service's peak RSS while streaming.
+async fn run_fanout(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &str) -> Option<u64> {
+    let name = "4. flush-to-subscriber latency (100 subscribers)";
+    if !runner.wants("4") {
+        return None;
+    }
+    let target = runner.setup(name, env.fresh(true).await)?;
+    let future = fanout::fanout(&target, sizes, run);
+    let r = runner
+        .attempt(name, Duration::from_secs(120), future)
+        .await?;
+    reports::fanout(runner, name, &r);
+    r.rss_max_kib
+}
+
+/// Scenarios 5 to 7, which run together on one growing set of groups.
+async fn run_scale(
+    runner: &mut Runner,
+    env: &mut Env,
+    sizes: &Sizes,
+    run: &str,
+    streaming_rss: Option<u64>,
+) {
+    let name = format!(
+        "5. Add latency p99, {}k vs 1k open groups",
+        sizes.scale_large / 1000
+    );
+    if ["5", "6", "7"].iter().any(|id| runner.wants(id)) {
+        let future = scale::scale(env, sizes, run);
+        if let Some(r) = runner
+            .attempt(&name, Duration::from_secs(300), future)
+            .await
+        {
+            reports::scale(runner, &name, &r, streaming_rss);
+        }
+    }
+}
+
+/// Scenario 8, on an emptied Redis so that the flushed sets hold only its ids.
+async fn run_remembered(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &str) {
+    let name = "8. Redis memory per remembered item id";
+    if runner.wants("8")
+        && let Some(target) = runner.setup(name, env.fresh(true).await)
+    {
+        let keyspace = env.keyspace();
+        let future = remembered::remembered_ids(&target, sizes, run, &keyspace);
+        if let Some(r) = runner.attempt(name, Duration::from_secs(120), future).await {
+            reports::remembered(runner, name, &r);
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The service under test: the one config every scenario runs (which
+//! `--print-config` prints), and the [`Env`] that gives each scenario a
+//! fresh service, over an emptied Redis when the bench owns it.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use batcher::config::Config;
+use batcher::keys::Keyspace;
+use batcher::pb;
+
+use super::load;
+use super::procs::{RedisServer, ServiceProc};
+use super::scenarios::{Target, precision_waits, redis_connection};
+
+/// The service config every scenario runs with. One config for all, with a
+/// key glob per scenario policy, so that an external service can run it too.
+pub fn service_config(redis_url: &str) -> String {
+    let mut config = format!(
+        r#"shutdown_grace = "1s"
+
+[redis]
+url = "{redis_url}"
+prefix = "bench"
+shards = 16
+
+# Ingest (scenarios 1 and 2), fan-out (scenario 4) and the dedup sets
+# (scenario 8): groups flush by size.
+# The wait is long so that groups left open by one scenario never time out
+# during a later one.
+[defaults]
+max_items = 10
+max_wait = "1h"
+
+# Scale, memory and RSS (scenarios 5 to 7): one-item groups that stay open.
+[keys."sc-*"]
+max_items = 1000
+max_wait = "1h"
+
+# Timeout precision (scenario 3): one glob per wait, full and quick runs.
+"#
+    );
+    let mut waits: Vec<Duration> = precision_waits(false);
+    waits.extend(precision_waits(true));
+    waits.sort();
+    waits.dedup();
+    for wait in waits {
+        let ms = wait.as_millis();
+        config += &format!("[keys.\"tp-{ms}-*\"]\nmax_wait = \"{ms}ms\"\n");
+    }
+    config
+}
+
+/// The Redis and service the scenarios run against, and how to renew them.
+pub struct Env {
+    pub redis_url: String,
+    /// The bench's own redis-server; None when given --redis-url.
+    pub redis: Option<RedisServer>,
+    external_service: Option<SocketAddr>,
+    /// The service under test, when the bench runs it; dropping it stops it.
+    pub service: Option<ServiceProc>,
+    /// The config text the service runs, and what it parses to.
+    pub config_text: String,
+    pub config: Config,
+}
+
+impl Env {
+    /// Starts the bench's own Redis unless `redis_url` is given, and parses
+    /// the service config for it; no service runs yet.
+    pub async fn start(
+        redis_url: Option<String>,
+        external_service: Option<SocketAddr>,
+    ) -> Result<Env, String> {
+        let redis = match redis_url {
+            Some(_) => None,
+            None => Some(RedisServer::start().await?),
+        };
+        let redis_url = redis_url
+            .or_else(|| redis.as_ref().map(|r| r.url.clone()))
+            .expect("a Redis URL");
+        let config_text = service_config(&redis_url);
+        let config = Config::parse(&config_text, "bench")
+            .map_err(|e| format!("the bench's own config is invalid: {e}"))?;
+        Ok(Env {
+            redis_url,
+            redis,
+            external_service,
+            service: None,
+            config_text,
+            config,
+        })
+    }
+
+    /// The keyspace the service writes.
+    pub fn keyspace(&self) -> Keyspace {
+        Keyspace::new(&self.config.redis.prefix, self.config.redis.shards.get())
+    }
+
+    /// A clean slate for a scenario: stops the previous service, empties the
+    /// bench's own Redis when `flush`, and starts a fresh service. Must be
+    /// awaited from the main future (it spawns a child).
+    pub async fn fresh(&mut self, flush: bool) -> Result<Target, String> {
+        self.service = None;
+        if flush && self.redis.is_some() {
+            let mut conn = redis_connection(&self.redis_url).await?;
+            redis::cmd("FLUSHALL")
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| format!("FLUSHALL: {e}"))?;
+        }
+        let (addr, service_pid) = match self.external_service {
+            Some(addr) => (addr, None),
+            None => {
+                let service = ServiceProc::start(&self.config_text)?;
+                let started = (service.addr, Some(service.pid()));
+                self.service = Some(service);
+                started
+            }
+        };
+        wait_ready(addr).await?;
+        Ok(Target {
+            addr,
+            service_pid,
+            redis_pid: self.redis.as_ref().map(RedisServer::pid),
+            redis_url: self.redis_url.clone(),
+        })
+    }
+}
+
+/// Waits until the service answers a call that reaches Redis.
+async fn wait_ready(addr: SocketAddr) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        match load::connect(addr).await {
+            Ok(mut client) => {
+                let request = pb::GetGroupRequest {
+                    key: "bench-ready".into(),
+                };
+                match client.get_group(request).await {
+                    Ok(_) => return Ok(()),
+                    Err(status) => last = status.message().to_string(),
+                }
+            }
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!("the service at {addr} is not ready: {last}"))
+}
