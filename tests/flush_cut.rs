@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use batcher::batch::{Batch, FlushReason, Item};
 use batcher::keys::Keyspace;
+use batcher::pb;
 use batcher::policy::{Policies, Policy, PolicyHandle};
 use batcher::store::{AddOutcome, NewItem, Store, Timeouts};
 
-use support::{RedisServer, eventually};
+use support::{Process, RedisServer, add, eventually, next_batch};
 
 /// A store whose policies the test swaps, as a reload does.
 fn open(redis: &RedisServer, handle: &PolicyHandle) -> Store {
@@ -169,4 +170,53 @@ async fn completing_add_cuts_full_batches_and_keeps_the_rest() {
     assert_eq!(open_ids, vec![b"i6".to_vec(), b"i7".to_vec()]);
     assert_eq!(open.size, 2);
     assert_eq!(open.bytes, 6);
+}
+
+/// Through the service: after a SIGHUP lowers max_items from 10 to 3, a Flush
+/// of 7 items answers with batches of 3, 3 and 1, which subscribers receive.
+#[tokio::test]
+async fn flush_rpc_after_a_reload_returns_every_batch_of_the_cut() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("batcher.toml");
+    let write = |max_items: u32| {
+        let url = redis.url();
+        let text =
+            format!("[redis]\nurl = \"{url}\"\nshards = 4\n[defaults]\nmax_items = {max_items}\n");
+        std::fs::write(&path, text).unwrap();
+    };
+    write(10);
+    let process = Process::start(&path, dir.path()).await;
+    let mut client = support::client(process.addr).await;
+    let mut stream = client
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    for id in ["1", "2", "3", "4", "5", "6", "7"] {
+        client.add(add("big", id, b"")).await.unwrap();
+    }
+
+    write(3);
+    process.signal(libc::SIGHUP);
+    eventually("the reload to take effect", || {
+        let mut client = client.clone();
+        async move {
+            let req = pb::GetGroupRequest { key: "big".into() };
+            let group = client.get_group(req).await.ok()?.into_inner().group?;
+            (group.max_items == 3).then_some(())
+        }
+    })
+    .await;
+    let req = pb::FlushRequest { key: "big".into() };
+    let flushed = client.flush(req).await.unwrap().into_inner();
+
+    let sizes: Vec<usize> = flushed.batches.iter().map(|b| b.items.len()).collect();
+    assert_eq!(sizes, vec![3, 3, 1]);
+    assert_eq!(flushed.batch.as_ref(), flushed.batches.first());
+    for expected in &flushed.batches {
+        assert_eq!(expected.reason, pb::FlushReason::Manual as i32);
+        let got = next_batch(&mut stream).await;
+        assert_eq!((&got.id, &got.items), (&expected.id, &expected.items));
+    }
 }

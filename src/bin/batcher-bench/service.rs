@@ -11,7 +11,7 @@ use batcher::pb;
 
 use super::load;
 use super::procs::{RedisServer, ServiceProc};
-use super::scenarios::{Target, precision_waits, redis_connection};
+use super::scenarios::{Target, precision_waits};
 
 /// The service config every scenario runs with. One config for all, with a
 /// key glob per scenario policy, so that an external service can run it too.
@@ -102,7 +102,14 @@ impl Env {
     pub async fn fresh(&mut self, flush: bool) -> Result<Target, String> {
         self.service = None;
         if flush && self.redis.is_some() {
-            let mut conn = redis_connection(&self.redis_url).await?;
+            // FLUSHALL of a million groups takes longer than a connection's
+            // default 500 ms response timeout.
+            let client = redis::Client::open(self.redis_url.as_str()).map_err(|e| e.to_string())?;
+            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(|e| format!("redis: {e}"))?;
             redis::cmd("FLUSHALL")
                 .query_async::<()>(&mut conn)
                 .await
