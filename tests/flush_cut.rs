@@ -60,6 +60,38 @@ async fn fill(store: &Store, key: &str, count: usize, policy: Policy) {
     }
 }
 
+/// A store whose group `key` holds `count` items, opened under max_items 10,
+/// after a reload has lowered max_items to `new_max` (same `max_wait`).
+async fn reloaded(
+    redis: &RedisServer,
+    key: &str,
+    count: usize,
+    max_wait: Duration,
+    new_max: u32,
+) -> Store {
+    let old = policy(10, max_wait);
+    let handle = PolicyHandle::new(Policies::new(old, []));
+    let store = open(redis, &handle);
+    fill(&store, key, count, old).await;
+    handle.replace(Policies::new(policy(new_max, max_wait), []));
+    store
+}
+
+/// The flush wrote batches of `sizes` items, oldest first, all for `reason`,
+/// emptied the group, and they are all the stream holds.
+async fn assert_cut(
+    store: &Store,
+    key: &str,
+    batches: &[Batch],
+    sizes: &[usize],
+    reason: FlushReason,
+) {
+    assert_eq!(ids(batches), expected(sizes));
+    assert!(batches.iter().all(|b| b.reason == reason));
+    assert!(store.group(key).await.unwrap().is_none());
+    assert_eq!(support::all_batches(store).await, batches);
+}
+
 /// The item ids of each batch, in order.
 fn ids(batches: &[Batch]) -> Vec<Vec<String>> {
     batches
@@ -90,20 +122,12 @@ fn expected(sizes: &[usize]) -> Vec<Vec<String>> {
 #[tokio::test]
 async fn manual_flush_cuts_into_batches_of_the_new_max() {
     let redis = RedisServer::start();
-    let old = policy(10, Duration::from_secs(600));
-    let handle = PolicyHandle::new(Policies::new(old, []));
-    let store = open(&redis, &handle);
-    fill(&store, "north", 8, old).await;
-
-    handle.replace(Policies::new(policy(3, Duration::from_secs(600)), []));
+    let store = reloaded(&redis, "north", 8, Duration::from_secs(600), 3).await;
     let batches = store.flush("north", FlushReason::Manual).await.unwrap();
 
-    assert_eq!(ids(&batches), expected(&[3, 3, 2]));
-    assert!(batches.iter().all(|b| b.reason == FlushReason::Manual));
+    assert_cut(&store, "north", &batches, &[3, 3, 2], FlushReason::Manual).await;
     assert!(batches.windows(2).all(|w| w[0].stream_id < w[1].stream_id));
     assert_eq!(batches[2].items[1].payload, vec![b'p'; 7]);
-    assert!(store.group("north").await.unwrap().is_none());
-    assert_eq!(support::all_batches(&store).await, batches);
 }
 
 /// A timeout flush of 7 items opened under max_items 10, after it drops to 2,
@@ -111,12 +135,7 @@ async fn manual_flush_cuts_into_batches_of_the_new_max() {
 #[tokio::test]
 async fn timeout_flush_cuts_into_batches_of_the_new_max() {
     let redis = RedisServer::start();
-    let old = policy(10, Duration::from_millis(300));
-    let handle = PolicyHandle::new(Policies::new(old, []));
-    let store = open(&redis, &handle);
-    fill(&store, "south", 7, old).await;
-
-    handle.replace(Policies::new(policy(2, Duration::from_millis(300)), []));
+    let store = reloaded(&redis, "south", 7, Duration::from_millis(300), 2).await;
     let shard = store.keyspace().shard_of("south");
     let batches = eventually("the group to fall due and flush", || {
         let store = store.clone();
@@ -127,10 +146,14 @@ async fn timeout_flush_cuts_into_batches_of_the_new_max() {
     })
     .await;
 
-    assert_eq!(ids(&batches), expected(&[2, 2, 2, 1]));
-    assert!(batches.iter().all(|b| b.reason == FlushReason::Timeout));
-    assert!(store.group("south").await.unwrap().is_none());
-    assert_eq!(support::all_batches(&store).await, batches);
+    assert_cut(
+        &store,
+        "south",
+        &batches,
+        &[2, 2, 2, 1],
+        FlushReason::Timeout,
+    )
+    .await;
 }
 
 /// An add to a group of 7 opened under max_items 10, after it drops to 3,
@@ -138,13 +161,8 @@ async fn timeout_flush_cuts_into_batches_of_the_new_max() {
 #[tokio::test]
 async fn completing_add_cuts_full_batches_and_keeps_the_rest() {
     let redis = RedisServer::start();
-    let old = policy(10, Duration::from_secs(600));
-    let handle = PolicyHandle::new(Policies::new(old, []));
-    let store = open(&redis, &handle);
-    fill(&store, "east", 7, old).await;
-
+    let store = reloaded(&redis, "east", 7, Duration::from_secs(600), 3).await;
     let new = policy(3, Duration::from_secs(600));
-    handle.replace(Policies::new(new, []));
     let report = store
         .add(vec![NewItem {
             key: "east".into(),
