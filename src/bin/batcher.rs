@@ -33,10 +33,13 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // redis-rs's cluster client logs every failed reconnect while a node is
+    // down, thousands a second; batcher logs the failures that reach it,
+    // rate-limited. RUST_LOG=info,redis=warn brings them back.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,redis=error")),
         )
         .init();
     let Command::Serve {

@@ -4,13 +4,13 @@
 //! self-reconnecting multiplexed connection; on a cluster it is redis-rs's
 //! cluster client, which routes each command to the master of its key's
 //! slot and follows MOVED and ASK. Both implement redis-rs's
-//! `ConnectionLike`, so a command, a pipeline or a script runs on either.
-//! A pipeline on a cluster must keep to one slot: redis-rs refuses one that
-//! does not (CROSSSLOT), so a cross-slot call cannot slip through.
+//! `ConnectionLike`, so a command or a script runs on either. The store
+//! sends commands one by one (the multiplexed connection pipelines
+//! concurrent ones by itself), so redis-rs routes and redirects each.
 //!
 //! [`invoke`] runs a script and, when writes must reach replicas, `WAIT`
-//! right behind it in the same pipeline: same node, same connection, so the
-//! `WAIT` covers the script's writes.
+//! right behind it in the store's one explicit pipeline: same node, same
+//! connection, so the `WAIT` covers the script's writes.
 
 use std::io;
 use std::time::Duration;
@@ -18,6 +18,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{
     Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value,
 };
@@ -203,9 +204,8 @@ impl Connector {
 }
 
 /// Runs a script with all of its keys in KEYS (checked, in debug builds, to
-/// share one cluster slot), and decodes its reply. With `wait`, `WAIT` runs
-/// right behind the script on the same node, and the call fails as
-/// unavailable unless enough replicas confirmed.
+/// share one cluster slot), and decodes its reply. With `wait`, see
+/// [`invoke_and_wait`].
 pub(super) async fn invoke<T: FromRedisValue>(
     conn: &Conn,
     wait: Option<WaitReplicas>,
@@ -215,16 +215,38 @@ pub(super) async fn invoke<T: FromRedisValue>(
 ) -> Result<T> {
     debug_assert_one_slot(keys);
     let mut conn = conn.clone();
-    let Some(wait) = wait else {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(arg);
-        }
-        return Ok(invocation.invoke_async(&mut conn).await?);
-    };
+    if let Some(wait) = wait {
+        return invoke_and_wait(&mut conn, wait, script, keys, args).await;
+    }
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(*key);
+    }
+    for arg in args {
+        invocation.arg(arg);
+    }
+    Ok(invocation.invoke_async(&mut conn).await?)
+}
+
+/// How often a script and its `WAIT` are sent again after a redirect, a
+/// slot in migration or a lost script cache, before the error stands.
+const PIPELINE_ATTEMPTS: u32 = 5;
+
+/// Runs a script and `WAIT` right behind it, in one pipeline: same node,
+/// same connection, so the `WAIT` counts the replicas that have the script's
+/// writes. Fails as unavailable unless enough of them confirmed.
+///
+/// redis-rs follows MOVED and ASK for single commands but returns them for
+/// a pipeline, so this follows them itself: MOVED refreshes the slot map (a
+/// plain read of the first key follows it) and sends again; ASK sends
+/// `ASKING` and the pipeline to the node that imports the slot.
+async fn invoke_and_wait<T: FromRedisValue>(
+    conn: &mut Conn,
+    wait: WaitReplicas,
+    script: &redis::Script,
+    keys: &[&str],
+    args: Vec<Vec<u8>>,
+) -> Result<T> {
     let mut pipe = redis::pipe();
     pipe.cmd("EVALSHA")
         .arg(script.get_hash())
@@ -234,13 +256,42 @@ pub(super) async fn invoke<T: FromRedisValue>(
         .cmd("WAIT")
         .arg(wait.replicas)
         .arg(wait.timeout.as_millis() as u64);
-    let (reply, confirmed): (T, u32) = match pipe.query_async(&mut conn).await {
-        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            // Redis restarted or failed over and lost its script cache.
-            script.prepare_invoke().load_async(&mut conn).await?;
-            pipe.query_async(&mut conn).await?
+    let mut asking: Option<String> = None;
+    let mut attempt = 0;
+    let (reply, confirmed): (T, u32) = loop {
+        let sent = match &asking {
+            None => pipe.query_async(conn).await,
+            Some(node) => conn.query_asking(&pipe, node).await,
+        };
+        let err = match sent {
+            Ok(done) => break done,
+            Err(err) if attempt + 1 < PIPELINE_ATTEMPTS => err,
+            Err(err) => return Err(err.into()),
+        };
+        attempt += 1;
+        asking = None;
+        match err.kind() {
+            ErrorKind::Server(ServerErrorKind::NoScript) => {
+                // Redis restarted or failed over and lost its script cache;
+                // on a cluster, SCRIPT LOAD goes to every master.
+                script.prepare_invoke().load_async(conn).await?;
+            }
+            ErrorKind::Server(ServerErrorKind::Ask) => {
+                asking = err.redirect_node().map(|(node, _)| node.to_owned());
+            }
+            ErrorKind::Server(ServerErrorKind::Moved) => {
+                redis::cmd("EXISTS").arg(keys[0]).query_async::<()>(conn).await?;
+            }
+            ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly,
+            ) => {
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
+            }
+            _ => return Err(err.into()),
         }
-        other => other?,
     };
     if confirmed < wait.replicas {
         return Err(RedisError::from(io::Error::new(
@@ -253,4 +304,65 @@ pub(super) async fn invoke<T: FromRedisValue>(
         .into());
     }
     Ok(reply)
+}
+
+impl Conn {
+    /// Runs `pipe` after `ASKING` on the cluster node `node` ("host:port"),
+    /// which is importing the slot of the pipeline's keys.
+    async fn query_asking<T: FromRedisValue>(
+        &mut self,
+        pipe: &Pipeline,
+        node: &str,
+    ) -> redis::RedisResult<T> {
+        let Conn::Cluster(cluster) = self else {
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "ASK redirect outside a cluster",
+            )));
+        };
+        let (host, port) = node
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
+            .ok_or_else(|| RedisError::from((ErrorKind::Parse, "ASK redirect address")))?;
+        let mut asking = redis::pipe();
+        asking.cmd("ASKING").ignore();
+        for cmd in pipe.cmd_iter() {
+            asking.add_command(cmd.clone());
+        }
+        let mut node = NodeConn {
+            cluster,
+            route: SingleNodeRoutingInfo::ByAddress { host, port },
+        };
+        asking.query_async(&mut node).await
+    }
+}
+
+/// One node of a cluster, as a connection: what a pipeline needs to be
+/// sent to that node and decoded like any other.
+struct NodeConn<'a> {
+    cluster: &'a mut ClusterConnection,
+    route: SingleNodeRoutingInfo,
+}
+
+impl ConnectionLike for NodeConn<'_> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.cluster.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let route = self.route.clone();
+        Box::pin(
+            self.cluster
+                .route_pipeline(pipeline.clone(), offset, count, route),
+        )
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
 }

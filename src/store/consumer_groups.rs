@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::future::try_join_all;
 use redis::AsyncTypedCommands;
-use redis::streams::{StreamRangeReply, StreamReadOptions};
+use redis::streams::StreamReadOptions;
 
 use super::decode::{Claimed, batch_from_entry, batches_from_entries, batches_from_read};
 use super::{Result, Store};
@@ -169,13 +169,13 @@ impl Store {
             if ids.is_empty() {
                 continue;
             }
-            let mut pipe = redis::pipe();
             let stream = self.keys.shard(shard).stream;
-            for id in &ids {
-                pipe.xrange(&stream, id, id);
-            }
-            let replies: Vec<StreamRangeReply> = pipe.query_async(&mut conn).await?;
-            for reply in replies {
+            let reads = ids.iter().map(|id| {
+                let mut conn = self.conn.clone();
+                let stream = &stream;
+                async move { conn.xrange(stream, id, id).await }
+            });
+            for reply in try_join_all(reads).await? {
                 all.extend(batches_from_entries(shard, reply.ids)?);
             }
         }

@@ -1,9 +1,8 @@
 //! Open groups: removing an item, flushing (by hand or by timeout), the
 //! sweeper's due scan, and reading one group or a page of them.
 
-use std::collections::HashMap;
-
 use futures::future::try_join_all;
+use redis::AsyncCommands;
 
 use super::decode::{GroupHash, ScriptBatch};
 use super::{Result, Store, StoreError};
@@ -165,44 +164,28 @@ impl Store {
     }
 
     /// Reads the metadata (not the items) of the given (due, key, shard)
-    /// groups, in one pipeline per shard (a pipeline keeps to one slot). A
-    /// group flushed meanwhile is left out.
+    /// groups. Each read is its own command, so that on a cluster each goes
+    /// to the node of its shard; the multiplexed connection pipelines them.
+    /// A group flushed meanwhile is left out.
     async fn group_summaries(&self, candidates: &[(u64, String, u16)]) -> Result<Vec<Group>> {
-        let mut shards: Vec<u16> = candidates.iter().map(|(_, _, shard)| *shard).collect();
-        shards.sort_unstable();
-        shards.dedup();
-        let reads = shards.into_iter().map(|shard| async move {
-            let mine: Vec<&(u64, String, u16)> =
-                candidates.iter().filter(|c| c.2 == shard).collect();
-            let mut pipe = redis::pipe();
-            for (_, key, _) in &mine {
-                pipe.hmget(self.keys.group(shard, key), &["o", "d", "n", "b"]);
-            }
+        let reads = candidates.iter().map(|(due, key, shard)| async move {
             let mut conn = self.conn.clone();
-            let metas: Vec<Vec<Option<u64>>> = pipe.query_async(&mut conn).await?;
-            Ok::<_, StoreError>(mine.into_iter().zip(metas).collect::<Vec<_>>())
+            let meta: Vec<Option<u64>> = conn
+                .hmget(self.keys.group(*shard, key), &["o", "d", "n", "b"])
+                .await?;
+            let [Some(opened), Some(_), Some(size), Some(bytes)] = meta[..] else {
+                return Ok::<_, StoreError>(None);
+            };
+            Ok(Some(Group {
+                key: key.clone(),
+                size: size as u32,
+                bytes,
+                opened_at_ms: opened,
+                due_at_ms: *due,
+                items: Vec::new(),
+            }))
         });
-        let mut metas: HashMap<(u16, &str), Vec<Option<u64>>> = HashMap::new();
-        for (candidate, meta) in try_join_all(reads).await?.into_iter().flatten() {
-            metas.insert((candidate.2, candidate.1.as_str()), meta);
-        }
-        let mut groups = Vec::with_capacity(candidates.len());
-        for (due, key, shard) in candidates {
-            let meta = metas
-                .get(&(*shard, key.as_str()))
-                .map_or(&[][..], Vec::as_slice);
-            if let [Some(opened), Some(_), Some(size), Some(bytes)] = meta[..] {
-                groups.push(Group {
-                    key: key.clone(),
-                    size: size as u32,
-                    bytes,
-                    opened_at_ms: opened,
-                    due_at_ms: *due,
-                    items: Vec::new(),
-                });
-            }
-        }
-        Ok(groups)
+        Ok(try_join_all(reads).await?.into_iter().flatten().collect())
     }
 
     /// Reads up to `limit` (due, key) entries of one shard after `after`

@@ -74,6 +74,10 @@ impl From<RedisError> for StoreError {
                         | ServerErrorKind::ClusterDown
                         | ServerErrorKind::MasterDown
                         | ServerErrorKind::ReadOnly
+                        // A redirect that outlived the client's retries: the
+                        // cluster is failing over or moving the slot.
+                        | ServerErrorKind::Moved
+                        | ServerErrorKind::Ask
                 )
             );
         if transient {
