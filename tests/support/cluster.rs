@@ -148,5 +148,5 @@ pub fn placements(batches: &[pb::Batch]) -> HashMap<(String, Vec<u8>), usize> {
 
 /// The id (`CLUSTER MYID`) of a node.
 pub fn node_id(node: &ClusterNode) -> String {
-    node.query(&redis::cmd("CLUSTER").arg("MYID")).unwrap()
+    node.query(redis::cmd("CLUSTER").arg("MYID")).unwrap()
 }
