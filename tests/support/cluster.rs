@@ -76,11 +76,17 @@ pub fn shared() -> &'static Shared {
 
 /// A config for tests over the cluster at `urls`: `extra` TOML (top-level
 /// keys, then tables other than `[redis]`), then `[redis]` with these seed
-/// nodes, 8 shards, key prefix `prefix` and the lines of `redis`.
+/// nodes, key prefix `prefix` and the lines of `redis` (8 shards unless
+/// they say otherwise).
 pub fn config(urls: &[String], prefix: &str, extra: &str, redis: &str) -> Config {
     let nodes: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+    let shards = if redis.contains("shards") {
+        ""
+    } else {
+        "shards = 8"
+    };
     let text = format!(
-        "{extra}\n[redis]\ncluster_nodes = [{}]\nprefix = \"{prefix}\"\nshards = 8\n{redis}\n",
+        "{extra}\n[redis]\ncluster_nodes = [{}]\nprefix = \"{prefix}\"\n{shards}\n{redis}\n",
         nodes.join(", ")
     );
     Config::parse(&text, "test.toml").unwrap_or_else(|e| panic!("test config: {e}"))

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod layout;
+pub mod load;
 pub mod redis;
 
 use std::collections::HashMap;
