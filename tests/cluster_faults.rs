@@ -26,6 +26,8 @@ const CALLERS: usize = 4;
 const KEYS: usize = 16;
 /// Answered adds to wait for before and after each change.
 const STEADY: usize = 150;
+/// Calls to wait for at each step of a slot migration.
+const MID_MIGRATION: usize = 8;
 
 /// A service with `config`, with callers adding under load.
 async fn load(config: &Config) -> (Service, Load) {
@@ -79,7 +81,20 @@ async fn failover_round(
         .wait_healthy(0, DEADLINE)
         .unwrap_or_else(|e| panic!("{e}"));
     let failover = killed.elapsed();
-    load.wait_answered(STEADY).await;
+    eprintln!(
+        "round {prefix}: killed {}, masters now {:?}",
+        cluster.nodes()[victim].port(),
+        cluster
+            .masters()
+            .iter()
+            .map(|m| m.port())
+            .collect::<Vec<_>>()
+    );
+    if wait_replicas == 0 {
+        // With WAIT, the promoted master's shards wait for the restart: every
+        // caller cycles through all keys, so all of them wait.
+        load.wait_answered(STEADY).await;
+    }
     cluster.nodes_mut()[victim].restart().unwrap();
     cluster
         .wait_healthy(1, DEADLINE)
@@ -99,11 +114,14 @@ async fn failover_round(
 /// Asserts callers saw only UNAVAILABLE, and none of them gave up.
 #[track_caller]
 fn assert_only_unavailable(tally: &Tally) {
-    assert!(tally.other_errors.is_empty(), "{:?}", tally.other_errors);
-    assert_eq!(
-        tally.gave_up, 0,
-        "callers went unanswered too long: {tally:?}"
+    let other = &tally.other_errors;
+    let first: Vec<_> = other.iter().take(3).collect();
+    assert!(
+        other.is_empty(),
+        "{} other errors, first {first:?}",
+        other.len()
     );
+    assert_eq!(tally.gave_up, 0, "callers went unanswered too long");
 }
 
 /// A master killed with SIGKILL under load fails over to its replica; the
@@ -116,7 +134,7 @@ async fn master_failover_under_load_loses_nothing() {
     let mut cluster = cluster::start(3, 1, None);
     let (tally, placed) = failover_round(&mut cluster, "failover", 1).await;
     assert_only_unavailable(&tally);
-    assert!(placed.acknowledged >= 3 * STEADY, "{placed:?}");
+    assert!(placed.acknowledged >= 2 * STEADY, "{placed:?}");
     let clean = Placement {
         acknowledged: placed.acknowledged,
         ..Placement::default()
@@ -174,9 +192,10 @@ fn owner(cluster: &Cluster, via: &ClusterNode, slot: u16) -> usize {
 }
 
 /// Moves `slot` from master `from` to master `to` the standard manual way:
-/// IMPORTING / MIGRATING, MIGRATE of its keys in small steps, then SETSLOT
-/// NODE on every master.
-fn migrate_slot(cluster: &Cluster, slot: u16, from: usize, to: usize) -> usize {
+/// IMPORTING / MIGRATING, MIGRATE of its keys one at a time, then SETSLOT
+/// NODE on every master. The callers make calls while the slot is migrating
+/// with none of its keys moved yet, and again with some moved.
+async fn migrate_slot(cluster: &Cluster, load: &Load, slot: u16, from: usize, to: usize) -> usize {
     let (src, dst) = (&cluster.nodes()[from], &cluster.nodes()[to]);
     let (src_id, dst_id) = (node_id(src), node_id(dst));
     let setslot = |node: &ClusterNode, state: &str, id: &str| {
@@ -191,11 +210,12 @@ fn migrate_slot(cluster: &Cluster, slot: u16, from: usize, to: usize) -> usize {
     };
     setslot(dst, "IMPORTING", &src_id);
     setslot(src, "MIGRATING", &dst_id);
+    load.wait_calls(MID_MIGRATION).await;
     let deadline = Instant::now() + DEADLINE;
     let mut moved = 0;
     loop {
         let keys: Vec<Vec<u8>> = src
-            .query(redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(10))
+            .query(redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(1))
             .unwrap();
         if keys.is_empty() {
             break;
@@ -213,6 +233,9 @@ fn migrate_slot(cluster: &Cluster, slot: u16, from: usize, to: usize) -> usize {
         src.query::<redis::Value>(&migrate)
             .unwrap_or_else(|e| panic!("MIGRATE: {e}"));
         moved += keys.len();
+        if moved == 1 {
+            load.wait_calls(MID_MIGRATION).await;
+        }
     }
     setslot(dst, "NODE", &dst_id);
     setslot(src, "NODE", &dst_id);
@@ -224,8 +247,8 @@ fn migrate_slot(cluster: &Cluster, slot: u16, from: usize, to: usize) -> usize {
 }
 
 /// A slot migrated live to another master while callers add to it: callers
-/// see at most brief UNAVAILABLE, and every acknowledged item is in exactly
-/// one batch.
+/// see only UNAVAILABLE, for no longer than the move, and every acknowledged
+/// item is in exactly one batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_resharding_under_load_loses_nothing() {
     let _serial = SERIAL.lock().await;
@@ -246,7 +269,7 @@ async fn live_resharding_under_load_loses_nothing() {
         .find(|p| *p != cluster.nodes()[from].port());
     let to = node_at(&cluster, to_port.unwrap());
     let started = Instant::now();
-    let moved = migrate_slot(&cluster, slot, from, to);
+    let moved = migrate_slot(&cluster, &load, slot, from, to).await;
     let took = started.elapsed();
     cluster
         .wait_healthy(1, DEADLINE)
@@ -267,7 +290,10 @@ async fn live_resharding_under_load_loses_nothing() {
         tally.unavailable, tally.longest_outage
     );
     assert_only_unavailable(&tally);
-    assert!(tally.longest_outage < Duration::from_secs(10), "{tally:?}");
+    // Adds that open a group fail TRYAGAIN while the slot is migrating (some
+    // of their keys are missing), so callers may wait for the whole move.
+    let bound = took + Duration::from_secs(5);
+    assert!(tally.longest_outage < bound, "{:?}", tally.longest_outage);
     let clean = Placement {
         acknowledged: placed.acknowledged,
         ..Placement::default()

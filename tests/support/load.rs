@@ -41,7 +41,10 @@ pub struct Tally {
 /// Callers adding under load; see the module docs.
 pub struct Load {
     stop: Arc<AtomicBool>,
+    /// Adds answered.
     answered: Arc<AtomicUsize>,
+    /// Calls that returned, answered or failed.
+    calls: Arc<AtomicUsize>,
     tally: Arc<Mutex<Tally>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -51,6 +54,7 @@ impl Load {
     pub fn start(clients: Vec<BatcherClient<Channel>>, keys: usize) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicUsize::new(0));
+        let calls = Arc::new(AtomicUsize::new(0));
         let tally = Arc::new(Mutex::new(Tally::default()));
         let tasks = clients
             .into_iter()
@@ -62,6 +66,7 @@ impl Load {
                     keys,
                     stop: stop.clone(),
                     answered: answered.clone(),
+                    calls: calls.clone(),
                     tally: tally.clone(),
                 };
                 tokio::spawn(caller.run())
@@ -70,6 +75,7 @@ impl Load {
         Load {
             stop,
             answered,
+            calls,
             tally,
             tasks,
         }
@@ -77,12 +83,12 @@ impl Load {
 
     /// Waits until `more` further adds have been answered.
     pub async fn wait_answered(&self, more: usize) {
-        let target = self.answered.load(Ordering::SeqCst) + more;
-        eventually(&format!("{more} more answered adds"), || {
-            let done = self.answered.load(Ordering::SeqCst) >= target;
-            async move { done.then_some(()) }
-        })
-        .await;
+        wait_count(&self.answered, more, "answered adds").await;
+    }
+
+    /// Waits until `more` further calls have returned, answered or failed.
+    pub async fn wait_calls(&self, more: usize) {
+        wait_count(&self.calls, more, "calls").await;
     }
 
     /// Stops the callers (each first gets its current add answered) and
@@ -99,6 +105,16 @@ impl Load {
     }
 }
 
+/// Waits until `counter` has grown by `more`.
+async fn wait_count(counter: &AtomicUsize, more: usize, what: &str) {
+    let target = counter.load(Ordering::SeqCst) + more;
+    eventually(&format!("{more} more {what}"), || {
+        let done = counter.load(Ordering::SeqCst) >= target;
+        async move { done.then_some(()) }
+    })
+    .await;
+}
+
 /// One caller of a [`Load`].
 struct Caller {
     client: BatcherClient<Channel>,
@@ -106,6 +122,7 @@ struct Caller {
     keys: usize,
     stop: Arc<AtomicBool>,
     answered: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
     tally: Arc<Mutex<Tally>>,
 }
 
@@ -146,6 +163,7 @@ impl Caller {
         (key, id): (&str, &str),
         failing_since: Option<Instant>,
     ) -> Option<bool> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         let mut tally = self.tally.lock().unwrap();
         match reply {
             Ok(resp) => {
