@@ -13,10 +13,10 @@ use batcher::config::Config;
 use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use rand::{Rng, SeedableRng};
-use support::cluster::{self, all_batches, placements, shared, wait_all_flushed};
+use support::cluster::{self, shared, wait_all_flushed};
 use support::layout::{LAYOUT_CONFIG, Monitor, check_layout, exercise};
 use support::redis::cli;
-use support::{Service, add, next_batch};
+use support::{Service, add, all_batches, next_batch, placements, store};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -140,8 +140,7 @@ async fn add_many_and_list_groups_span_every_shard() {
     while received < 200 {
         received += next_batch(&mut batches).await.items.len();
     }
-    let port = shared().masters[0];
-    let all = all_batches(&mut client, port, &config).await;
+    let all = all_batches(&store(&config)).await;
     assert_eq!(placements(&all).len(), 200);
     assert!(placements(&all).values().all(|n| *n == 1));
     service.stop().await;
@@ -251,9 +250,8 @@ async fn concurrent_instances_add_exactly_once() {
     for task in tasks {
         task.await.unwrap();
     }
-    let mut client = services[0].client().await;
-    wait_all_flushed(&client).await;
-    let batches = all_batches(&mut client, shared().masters[0], &config).await;
+    wait_all_flushed(&services[0].client().await).await;
+    let batches = all_batches(&store(&config)).await;
     assert!(batches.iter().all(|b| (1..=7).contains(&b.items.len())));
     let placed = placements(&batches);
     let answers = std::mem::take(&mut *answers.lock().unwrap());

@@ -1,8 +1,7 @@
 //! A real local Redis Cluster for tests: the library's `launcher::Cluster`
 //! (the one the bench starts too), one shared per test binary or one per
-//! test, the service's config over it, and reading every batch back.
+//! test, and the service's config over it.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, mpsc};
 
 use batcher::config::{AppendFsync, Config};
@@ -11,8 +10,7 @@ use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use tonic::transport::Channel;
 
-use super::redis::cli;
-use super::{eventually, next_batch};
+use super::eventually;
 
 /// Starts a cluster of `masters` masters with `replicas` replicas each, with
 /// AOF and the given fsync policy if any. Panics with the nodes' logs.
@@ -92,40 +90,6 @@ pub fn config(urls: &[String], prefix: &str, extra: &str, redis: &str) -> Config
     Config::parse(&text, "test.toml").unwrap_or_else(|e| panic!("test config: {e}"))
 }
 
-/// How many batches the shard streams of `config` hold, read through the
-/// node at `port` (`redis-cli -c` follows redirects).
-pub fn stream_len(port: u16, config: &Config) -> usize {
-    (0..config.redis.shards.get())
-        .map(|shard| {
-            let key = format!("{{{}:{shard}}}:batches", config.redis.prefix);
-            let out = cli(port, &["-c", "XLEN", &key]);
-            out.parse::<usize>()
-                .unwrap_or_else(|_| panic!("XLEN {key} answered {out:?}"))
-        })
-        .sum()
-}
-
-/// Every batch retained in the streams of `config`: counts them through the
-/// node at `port`, then reads that many from a subscription from the oldest.
-/// Call it once nothing flushes any more.
-pub async fn all_batches(
-    client: &mut BatcherClient<Channel>,
-    port: u16,
-    config: &Config,
-) -> Vec<pb::Batch> {
-    let count = stream_len(port, config);
-    let request = pb::SubscribeRequest {
-        after: "0".into(),
-        ..Default::default()
-    };
-    let mut stream = client.subscribe(request).await.unwrap().into_inner();
-    let mut batches = Vec::with_capacity(count);
-    while batches.len() < count {
-        batches.push(next_batch(&mut stream).await);
-    }
-    batches
-}
-
 /// Waits until the service has no open group left.
 pub async fn wait_all_flushed(client: &BatcherClient<Channel>) {
     eventually("every group to flush", || {
@@ -137,19 +101,6 @@ pub async fn wait_all_flushed(client: &BatcherClient<Channel>) {
         }
     })
     .await;
-}
-
-/// How many batches hold each (key, item id).
-pub fn placements(batches: &[pb::Batch]) -> HashMap<(String, Vec<u8>), usize> {
-    let mut seen = HashMap::new();
-    for batch in batches {
-        for item in &batch.items {
-            *seen
-                .entry((batch.key.clone(), item.id.clone()))
-                .or_insert(0) += 1;
-        }
-    }
-    seen
 }
 
 /// The id (`CLUSTER MYID`) of a node.

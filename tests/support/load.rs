@@ -12,8 +12,7 @@ use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use tonic::transport::Channel;
 
-use super::cluster::placements;
-use super::{DEADLINE, add, eventually};
+use super::{DEADLINE, add, eventually, placements};
 
 /// An item: its key and id.
 pub type ItemRef = (String, Vec<u8>);
@@ -204,7 +203,7 @@ pub struct Placement {
 
 /// Counts, for items the callers tried (all acknowledged in the end, unless
 /// a caller gave up), how many are lost, doubled or unknown in `batches`.
-pub fn placement(tally: &Tally, batches: &[pb::Batch]) -> Placement {
+pub fn placement(tally: &Tally, batches: &[batcher::batch::Batch]) -> Placement {
     let placed = placements(batches);
     Placement {
         acknowledged: tally.acknowledged.len(),
