@@ -2,6 +2,9 @@
 //! as a child process, and waiting for events with deadlines.
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod layout;
+pub mod load;
 pub mod redis;
 
 use std::collections::HashMap;
