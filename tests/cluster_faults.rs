@@ -121,7 +121,6 @@ fn assert_only_unavailable(tally: &Tally) {
 /// service keeps serving (failures in between are UNAVAILABLE, and every
 /// caller is answered again within a bound), and with `wait_replicas = 1`
 /// every acknowledged item is in exactly one batch.
-#[ignore = "service bug: a MOVED to the killed master, left after redis-rs retries, maps to INTERNAL, not UNAVAILABLE (StoreError::from, src/store/mod.rs)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn master_failover_under_load_loses_nothing() {
     let _serial = SERIAL.lock().await;
@@ -139,7 +138,6 @@ async fn master_failover_under_load_loses_nothing() {
 /// What `wait_replicas` buys, with `appendfsync always` on every node: a
 /// master killed under load with 0 (counts printed) and with 1 (no
 /// acknowledged item lost or doubled).
-#[ignore = "service bug: a MOVED to the killed master, left after redis-rs retries, maps to INTERNAL, not UNAVAILABLE (StoreError::from, src/store/mod.rs)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_items_across_a_master_crash() {
     let _serial = SERIAL.lock().await;
