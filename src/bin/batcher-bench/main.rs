@@ -94,6 +94,7 @@
 //!    before − `MEMORY USAGE` of the shard streams) / items. No target.
 
 mod ceiling;
+mod cluster;
 mod fanout;
 mod ingest;
 mod load;
@@ -139,8 +140,9 @@ struct Args {
     /// target/BENCHMARKS.partial.md].
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
-    /// Run only these scenarios (comma-separated: ceiling,1,2,3,4,5,6,7,8;
-    /// 5, 6 and 7 run together), e.g. to profile one of them.
+    /// Run only these scenarios (comma-separated: ceiling,1,2,3,4,5,6,7,8,9;
+    /// 5, 6 and 7 run together; 9 compares with 1 when both run), e.g. to
+    /// profile one of them.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     only: Vec<String>,
     /// Print the service config the bench runs, and exit.
