@@ -2,6 +2,8 @@
 //! as a child process, and waiting for events with deadlines.
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod layout;
 pub mod redis;
 
 use std::collections::HashMap;

@@ -9,6 +9,8 @@
 //! The harness is synchronous on purpose, so it works from plain `#[test]`s and from async
 //! tests alike.
 //!
+//! A Redis Cluster is the library's `launcher::Cluster`, see `support::cluster`.
+//!
 //! Needs `redis-server` and `redis-cli` (7.0 or later) on `PATH`;
 //! [`RedisServerBuilder::clock_skew_secs`] also needs a C compiler (`cc`).
 #![allow(dead_code)]
@@ -28,8 +30,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long [`RedisServer::restart`] keeps retrying its old port while the previous socket lingers.
 const RESTART_PORT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a freshly created cluster gets to reach `cluster_state:ok` on every node.
-const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 /// A fresh start picks new free ports this many times before giving up: another process
 /// can grab a port between our probe and Redis's own bind.
 const PORT_ATTEMPTS: usize = 5;
@@ -45,9 +45,6 @@ pub struct RedisServer {
     /// The running child, if any; `None` after `kill`/`stop` until `restart`.
     server: Option<launcher::RedisServer>,
     port: u16,
-    /// Cluster bus port, chosen explicitly (`--cluster-port`) because the default
-    /// `port + 10000` is often above 65535 for ports from the ephemeral range.
-    cluster_port: Option<u16>,
     config: RedisServerBuilder,
     // Declared last so it is removed only after `Drop` has killed the process.
     dir: TempDir,
@@ -58,7 +55,6 @@ pub struct RedisServerBuilder {
     appendonly: bool,
     appendfsync: String,
     clock_skew: Option<String>,
-    cluster_enabled: bool,
     extra_args: Vec<String>,
 }
 
@@ -68,7 +64,6 @@ impl Default for RedisServerBuilder {
             appendonly: true,
             appendfsync: "always".to_owned(),
             clock_skew: None,
-            cluster_enabled: false,
             extra_args: Vec::new(),
         }
     }
@@ -99,13 +94,6 @@ impl RedisServerBuilder {
         self
     }
 
-    /// Runs the server as a cluster node (`--cluster-enabled yes`, `nodes.conf` in its dir,
-    /// a 2 s node timeout so failure detection is quick). Usually used via [`RedisCluster`].
-    pub fn cluster_enabled(mut self, on: bool) -> Self {
-        self.cluster_enabled = on;
-        self
-    }
-
     /// Appends a raw command-line argument for `redis-server`, after all the others.
     /// For the harness's own tests (e.g. to make a start fail on purpose).
     #[doc(hidden)]
@@ -125,20 +113,15 @@ impl RedisServerBuilder {
             .prefix("redis-test-")
             .tempdir()
             .expect("cannot create a temporary directory for redis-server");
-        let cluster_enabled = self.cluster_enabled;
         let mut server = RedisServer {
             server: None,
             port: 0,
-            cluster_port: None,
             config: self,
             dir,
         };
         let mut reasons = Vec::new();
         for _ in 0..PORT_ATTEMPTS {
             server.port = free_port();
-            if cluster_enabled {
-                server.cluster_port = Some(free_port());
-            }
             match server.launch() {
                 Ok(()) => return server,
                 Err(e @ LaunchError::AddressInUse { .. }) => reasons.push(e.to_string()),
@@ -238,30 +221,9 @@ impl RedisServer {
         }
     }
 
-    /// Runs `redis-cli -h 127.0.0.1 -p PORT ARGS...` and returns its trimmed stdout.
-    ///
-    /// `args` may start with redis-cli options (e.g. `-c` to follow cluster redirects).
-    /// An error *reply* is not a failure for redis-cli: it comes back as text such as
-    /// `ERR unknown command ...`, so tests can assert on it. Panics, with stderr, if
-    /// redis-cli itself fails (e.g. cannot connect).
+    /// [`cli`] on this server.
     pub fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("cannot run redis-cli: is it installed and on PATH?");
-        if !output.status.success() {
-            panic!(
-                "redis-cli -p {} {:?} failed ({}):\n--- stderr ---\n{}\n--- stdout ---\n{}",
-                self.port,
-                args,
-                output.status,
-                String::from_utf8_lossy(&output.stderr),
-                String::from_utf8_lossy(&output.stdout),
-            );
-        }
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+        cli(self.port, args)
     }
 
     /// Whether the server process is alive (started, not killed or stopped, not crashed).
@@ -287,13 +249,6 @@ impl RedisServer {
             .config("appendonly", if c.appendonly { "yes" } else { "no" })
             .config("appendfsync", &c.appendfsync)
             .config("protected-mode", "no");
-        if let Some(bus) = self.cluster_port {
-            launch = launch
-                .config("cluster-enabled", "yes")
-                .config("cluster-config-file", "nodes.conf")
-                .config("cluster-node-timeout", "2000")
-                .config("cluster-port", bus.to_string());
-        }
         if let Some(secs) = &c.clock_skew {
             launch = launch
                 .env("LD_PRELOAD", clock_skew_shim())
@@ -304,20 +259,18 @@ impl RedisServer {
             .fold(launch, |launch, arg| launch.arg(arg))
     }
 
-    /// Waits (until `deadline`) until our ports can be bound again, since the previous
-    /// process's sockets may linger for a moment after it exits.
+    /// Waits (until `deadline`) until our port can be bound again, since the previous
+    /// process's socket may linger for a moment after it exits.
     fn wait_ports_free(&self, deadline: Instant) {
         let mut backoff = Backoff::new();
-        for port in std::iter::once(self.port).chain(self.cluster_port) {
-            // std's TcpListener sets SO_REUSEADDR, like redis-server, so TIME_WAIT
-            // connections do not count as "in use" here either.
-            while TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err() {
-                if Instant::now() >= deadline {
-                    // Let the launch attempt report the real error with the log.
-                    return;
-                }
-                backoff.sleep();
+        // std's TcpListener sets SO_REUSEADDR, like redis-server, so TIME_WAIT
+        // connections do not count as "in use" here either.
+        while TcpListener::bind((Ipv4Addr::LOCALHOST, self.port)).is_err() {
+            if Instant::now() >= deadline {
+                // Let the launch attempt report the real error with the log.
+                return;
             }
+            backoff.sleep();
         }
     }
 
@@ -334,88 +287,28 @@ impl RedisServer {
     }
 }
 
-/// A real local Redis Cluster of N masters (N >= 3), joined with
-/// `redis-cli --cluster create 127.0.0.1:p1 ... --cluster-yes`, ready once every node's log
-/// says "Cluster state changed: ok". Nodes killed on drop.
-pub struct RedisCluster {
-    pub nodes: Vec<RedisServer>,
-}
-
-impl RedisCluster {
-    /// Starts `masters` cluster-enabled servers (no replicas), assigns all 16384 slots with
-    /// `redis-cli --cluster create`, and waits (up to 30 s) until every node has logged
-    /// "Cluster state changed: ok" and reports `cluster_state:ok`.
-    pub fn start(masters: usize) -> RedisCluster {
-        assert!(
-            masters >= 3,
-            "Redis Cluster needs at least 3 masters, got {masters}"
+/// Runs `redis-cli -h 127.0.0.1 -p PORT ARGS...` and returns its trimmed stdout.
+///
+/// `args` may start with redis-cli options (e.g. `-c` to follow cluster redirects).
+/// An error *reply* is not a failure for redis-cli: it comes back as text such as
+/// `ERR unknown command ...`, so tests can assert on it. Panics, with stderr, if
+/// redis-cli itself fails (e.g. cannot connect).
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run redis-cli: is it installed and on PATH?");
+    if !output.status.success() {
+        panic!(
+            "redis-cli -p {port} {args:?} failed ({}):\n--- stderr ---\n{}\n--- stdout ---\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr),
+            String::from_utf8_lossy(&output.stdout),
         );
-        let nodes: Vec<RedisServer> = (0..masters)
-            .map(|_| RedisServer::builder().cluster_enabled(true).start())
-            .collect();
-        let cluster = RedisCluster { nodes };
-
-        let addrs: Vec<String> = cluster
-            .nodes
-            .iter()
-            .map(|node| format!("127.0.0.1:{}", node.port()))
-            .collect();
-        let output = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-            .expect("cannot run redis-cli: is it installed and on PATH?");
-        if !output.status.success() {
-            cluster.fail(&format!(
-                "redis-cli --cluster create failed ({}):\n--- stdout ---\n{}\n--- stderr ---\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr),
-            ));
-        }
-
-        let deadline = Instant::now() + CLUSTER_TIMEOUT;
-        let mut backoff = Backoff::new();
-        while !cluster.nodes.iter().all(|node| {
-            node.log().contains("Cluster state changed: ok")
-                && node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
-        }) {
-            if Instant::now() >= deadline {
-                cluster.fail(&format!(
-                    "not every node reached cluster_state:ok within {CLUSTER_TIMEOUT:?}"
-                ));
-            }
-            backoff.sleep();
-        }
-        cluster
     }
-
-    /// The `redis://127.0.0.1:PORT` URL of every node, in node order.
-    pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(RedisServer::url).collect()
-    }
-
-    /// Panics with each node's `CLUSTER INFO` and log (the nodes are killed by `Drop`).
-    fn fail(&self, reason: &str) -> ! {
-        let mut report = format!("Redis Cluster failed: {reason}");
-        for node in &self.nodes {
-            let info = if node.is_running() {
-                node.cli(&["CLUSTER", "INFO"])
-            } else {
-                "(not running)".to_owned()
-            };
-            report.push_str(&format!(
-                "\n=== node 127.0.0.1:{} ===\n--- CLUSTER INFO ---\n{info}\n--- {} ---\n{}",
-                node.port(),
-                launcher::LOG_NAME,
-                node.log()
-            ));
-        }
-        panic!("{report}");
-    }
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
 /// A port that was free a moment ago; another process may take it before redis-server

@@ -28,9 +28,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+pub use self::cluster::{Cluster, ClusterNode, ClusterOptions};
 pub(crate) use self::probe::{answers, config_dir};
 pub use self::server::RedisServer;
 
+mod cluster;
 mod probe;
 mod server;
 

@@ -1,0 +1,152 @@
+//! A real local Redis Cluster for tests: the library's `launcher::Cluster`
+//! (the one the bench starts too), one shared per test binary or one per
+//! test, the service's config over it, and reading every batch back.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock, mpsc};
+
+use batcher::config::{AppendFsync, Config};
+pub use batcher::embedded::launcher::{Cluster, ClusterNode, ClusterOptions};
+use batcher::pb;
+use batcher::pb::batcher_client::BatcherClient;
+use tonic::transport::Channel;
+
+use super::redis::cli;
+use super::{eventually, next_batch};
+
+/// Starts a cluster of `masters` masters with `replicas` replicas each, with
+/// AOF and the given fsync policy if any. Panics with the nodes' logs.
+/// Nodes die with the calling thread, so call it from the test's own.
+pub fn start(masters: usize, replicas: usize, appendfsync: Option<AppendFsync>) -> Cluster {
+    let options = ClusterOptions {
+        masters,
+        replicas_per_master: replicas,
+        appendfsync,
+        ..ClusterOptions::default()
+    };
+    Cluster::start(&options).unwrap_or_else(|e| panic!("starting a Redis Cluster: {e}"))
+}
+
+/// What tests of the shared cluster need to know of it.
+pub struct Shared {
+    /// Every node's URL.
+    pub urls: Vec<String>,
+    /// The masters' ports (the shared cluster never fails over).
+    pub masters: Vec<u16>,
+}
+
+/// The shared cluster, owned here so that `drop_shared` can kill it at exit.
+static SHARED: Mutex<Option<Cluster>> = Mutex::new(None);
+
+/// Kills the shared cluster and removes its dirs when the test binary exits.
+extern "C" fn drop_shared() {
+    if let Ok(mut cluster) = SHARED.lock() {
+        cluster.take();
+    }
+}
+
+/// One cluster of 3 masters and 3 replicas shared by every test of the
+/// binary (each test uses its own key prefix). It is started on a thread
+/// that lives as long as the process, since nodes die with their spawner.
+pub fn shared() -> &'static Shared {
+    static INFO: OnceLock<Shared> = OnceLock::new();
+    INFO.get_or_init(|| {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let started = Cluster::start(&ClusterOptions::default()).map(|cluster| {
+                let info = Shared {
+                    urls: cluster.urls(),
+                    masters: cluster.masters().iter().filter_map(|m| m.port()).collect(),
+                };
+                *SHARED.lock().unwrap() = Some(cluster);
+                // SAFETY: registers a plain extern "C" fn with no arguments.
+                unsafe { libc::atexit(drop_shared) };
+                info
+            });
+            tx.send(started).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("starting the shared Redis Cluster: {e}"))
+    })
+}
+
+/// A config for tests over the cluster at `urls`: `extra` TOML (top-level
+/// keys, then tables other than `[redis]`), then `[redis]` with these seed
+/// nodes, 8 shards, key prefix `prefix` and the lines of `redis`.
+pub fn config(urls: &[String], prefix: &str, extra: &str, redis: &str) -> Config {
+    let nodes: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+    let text = format!(
+        "{extra}\n[redis]\ncluster_nodes = [{}]\nprefix = \"{prefix}\"\nshards = 8\n{redis}\n",
+        nodes.join(", ")
+    );
+    Config::parse(&text, "test.toml").unwrap_or_else(|e| panic!("test config: {e}"))
+}
+
+/// How many batches the shard streams of `config` hold, read through the
+/// node at `port` (`redis-cli -c` follows redirects).
+pub fn stream_len(port: u16, config: &Config) -> usize {
+    (0..config.redis.shards.get())
+        .map(|shard| {
+            let key = format!("{{{}:{shard}}}:batches", config.redis.prefix);
+            let out = cli(port, &["-c", "XLEN", &key]);
+            out.parse::<usize>()
+                .unwrap_or_else(|_| panic!("XLEN {key} answered {out:?}"))
+        })
+        .sum()
+}
+
+/// Every batch retained in the streams of `config`: counts them through the
+/// node at `port`, then reads that many from a subscription from the oldest.
+/// Call it once nothing flushes any more.
+pub async fn all_batches(
+    client: &mut BatcherClient<Channel>,
+    port: u16,
+    config: &Config,
+) -> Vec<pb::Batch> {
+    let count = stream_len(port, config);
+    let request = pb::SubscribeRequest {
+        after: "0".into(),
+        ..Default::default()
+    };
+    let mut stream = client.subscribe(request).await.unwrap().into_inner();
+    let mut batches = Vec::with_capacity(count);
+    while batches.len() < count {
+        batches.push(next_batch(&mut stream).await);
+    }
+    batches
+}
+
+/// Waits until the service has no open group left.
+pub async fn wait_all_flushed(client: &BatcherClient<Channel>) {
+    eventually("every group to flush", || {
+        let mut client = client.clone();
+        async move {
+            let request = pb::ListGroupsRequest::default();
+            let page = client.list_groups(request).await.ok()?.into_inner();
+            page.groups.is_empty().then_some(())
+        }
+    })
+    .await;
+}
+
+/// How many batches hold each (key, item id).
+pub fn placements(batches: &[pb::Batch]) -> HashMap<(String, Vec<u8>), usize> {
+    let mut seen = HashMap::new();
+    for batch in batches {
+        for item in &batch.items {
+            *seen
+                .entry((batch.key.clone(), item.id.clone()))
+                .or_insert(0) += 1;
+        }
+    }
+    seen
+}
+
+/// The id (`CLUSTER MYID`) of a node.
+pub fn node_id(node: &ClusterNode) -> String {
+    node.query(redis::cmd("CLUSTER").arg("MYID")).unwrap()
+}
