@@ -14,7 +14,7 @@ use crate::keys::Keyspace;
 use crate::pb::batcher_server::BatcherServer;
 use crate::policy::PolicyHandle;
 use crate::service::BatcherService;
-use crate::store::{Store, StoreError, Timeouts};
+use crate::store::{Endpoint, RedisTarget, Store, StoreError, Timeouts, WaitReplicas};
 use crate::subscribers::Hub;
 use crate::{pb, sweeper};
 
@@ -47,9 +47,8 @@ pub async fn run(
     reload_from: Option<PathBuf>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    let embedded = match &config.redis.url {
-        Some(_) => None,
-        None => Some(
+    let embedded = match (&config.redis.url, config.redis.cluster_nodes.is_empty()) {
+        (None, true) => Some(
             EmbeddedRedis::start(EmbeddedOptions {
                 redis_server: config.redis.redis_server.clone(),
                 data_dir: config.redis.data_dir.clone(),
@@ -57,29 +56,30 @@ pub async fn run(
             })
             .await?,
         ),
+        _ => None,
     };
-    let url = match (&config.redis.url, &embedded) {
-        (Some(url), _) => url.clone(),
-        (None, Some(embedded)) => embedded.url().to_owned(),
-        (None, None) => unreachable!("embedded redis is started when no url is set"),
+    let endpoint = match (&config.redis.url, &embedded) {
+        (Some(url), _) => Endpoint::Single(url.clone()),
+        (None, Some(embedded)) => Endpoint::Single(embedded.url().to_owned()),
+        (None, None) => Endpoint::Cluster(config.redis.cluster_nodes.clone()),
     };
-    let result = serve(listener, &config, &url, reload_from, shutdown).await;
+    let result = serve(listener, &config, endpoint, reload_from, shutdown).await;
     if let Some(embedded) = embedded {
         embedded.stop().await;
     }
     result
 }
 
-/// Serves with Redis at `url`: starts the background tasks, serves gRPC until
+/// Serves with Redis at `endpoint`: starts the background tasks, serves gRPC until
 /// `shutdown`, then stops the background tasks within the grace period.
 async fn serve(
     listener: TcpListener,
     config: &Config,
-    url: &str,
+    endpoint: Endpoint,
     reload_from: Option<PathBuf>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    let store = open_store(config, url).await?;
+    let store = open_store(config, endpoint).await?;
     // Background tasks stop on `tasks`, which is cancelled after the gRPC
     // server has stopped taking requests.
     let tasks = CancellationToken::new();
@@ -92,18 +92,26 @@ async fn serve(
     Ok(())
 }
 
-/// Opens the store at `url`. Redis need not answer yet: until it does, the
-/// API answers UNAVAILABLE.
-async fn open_store(config: &Config, url: &str) -> Result<Store, StoreError> {
-    let keyspace = Keyspace::new(&config.redis.prefix, config.redis.shards.get());
+/// Opens the store at `endpoint`. Redis need not answer yet: until it does,
+/// the API answers UNAVAILABLE.
+async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, StoreError> {
+    let r = &config.redis;
+    let target = RedisTarget {
+        endpoint,
+        timeouts: Timeouts {
+            connect: r.connect_timeout,
+            response: r.response_timeout,
+        },
+        wait: (r.wait_replicas > 0).then_some(WaitReplicas {
+            replicas: r.wait_replicas,
+            timeout: r.wait_timeout,
+        }),
+    };
+    let keyspace = Keyspace::new(&r.prefix, r.shards.get());
     let store = Store::open(
-        url,
+        &target,
         keyspace,
         config.dedup.window,
-        Timeouts {
-            connect: config.redis.connect_timeout,
-            response: config.redis.response_timeout,
-        },
         PolicyHandle::new(config.policies()),
     )?;
     if let Err(err) = store.ping().await {

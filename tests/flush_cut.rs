@@ -11,20 +11,20 @@ use batcher::batch::{Batch, FlushReason, Item};
 use batcher::keys::Keyspace;
 use batcher::pb;
 use batcher::policy::{Policies, Policy, PolicyHandle};
-use batcher::store::{AddOutcome, NewItem, Store, Timeouts};
+use batcher::store::{AddOutcome, NewItem, RedisTarget, Store, Timeouts};
 
 use support::{Process, RedisServer, add, eventually, next_batch};
 
 /// A store whose policies the test swaps, as a reload does.
 fn open(redis: &RedisServer, handle: &PolicyHandle) -> Store {
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(2),
+        response: Duration::from_secs(5),
+    };
     Store::open(
-        &redis.url(),
+        &RedisTarget::single(&redis.url(), timeouts),
         Keyspace::new("cut", 4),
         Duration::from_secs(600),
-        Timeouts {
-            connect: Duration::from_secs(2),
-            response: Duration::from_secs(5),
-        },
         handle.clone(),
     )
     .expect("store")

@@ -14,6 +14,7 @@
 //!
 //! [redis]
 //! url = "redis://127.0.0.1:6379"   # omit to run the embedded redis-server
+//! # cluster_nodes = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]  # instead of url
 //! prefix = "batcher"
 //! shards = 16
 //!
@@ -70,6 +71,8 @@ pub const DEFAULT_REDIS_PREFIX: &str = "batcher";
 pub const DEFAULT_REDIS_SHARDS: NonZeroU16 = NonZeroU16::new(16).expect("16 is not 0");
 /// Default redis-server binary for embedded mode (looked up on `PATH`).
 pub const DEFAULT_REDIS_SERVER: &str = "redis-server";
+/// Default longest `WAIT` for replicas after a write.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(50);
 /// Default `appendfsync` of the embedded redis-server.
 pub const DEFAULT_APPENDFSYNC: AppendFsync = AppendFsync::Always;
 /// Default Redis connect timeout.
@@ -207,9 +210,21 @@ impl fmt::Display for AppendFsync {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
-    /// URL of an external Redis. `None` starts an embedded redis-server, so
-    /// that a single binary can run with no other setup.
+    /// URL of an external Redis. With neither this nor `cluster_nodes`, an
+    /// embedded redis-server starts, so that a single binary can run with no
+    /// other setup.
     pub url: Option<String>,
+    /// Seed nodes of a Redis Cluster (the rest are discovered); exclusive
+    /// with `url`. Credentials and `rediss://` work as in `url`.
+    pub cluster_nodes: Vec<String>,
+    /// How many replicas must confirm each write before it is acknowledged
+    /// (`WAIT` after every write script); 0 = do not wait. Needs `url` or
+    /// `cluster_nodes`: the embedded redis-server has no replicas.
+    pub wait_replicas: u32,
+    /// How long `WAIT` may block; fewer confirmations by then fail the call
+    /// with UNAVAILABLE (retrying is safe: adds are idempotent).
+    #[serde(with = "humantime_serde")]
+    pub wait_timeout: Duration,
     /// Embedded mode only: where the embedded server keeps its AOF/RDB files,
     /// so that state survives restarts.
     pub data_dir: PathBuf,
@@ -239,6 +254,9 @@ impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
             url: None,
+            cluster_nodes: Vec::new(),
+            wait_replicas: 0,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
             data_dir: PathBuf::from(DEFAULT_REDIS_DATA_DIR),
             prefix: DEFAULT_REDIS_PREFIX.to_owned(),
             shards: DEFAULT_REDIS_SHARDS,

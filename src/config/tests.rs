@@ -8,7 +8,6 @@ listen = "127.0.0.1:50051"
 
 [redis]
 url = "redis://127.0.0.1:6379"   # omit to run the embedded redis-server
-data_dir = "./data"              # embedded mode only
 prefix = "batcher"
 shards = 16
 
@@ -53,7 +52,6 @@ fn example_parses() {
     let c = parse(EXAMPLE).unwrap();
     assert_eq!(c.listen, "127.0.0.1:50051".parse::<SocketAddr>().unwrap());
     assert_eq!(c.redis.url.as_deref(), Some("redis://127.0.0.1:6379"));
-    assert_eq!(c.redis.data_dir, PathBuf::from("./data"));
     assert_eq!(c.redis.prefix, "batcher");
     assert_eq!(c.redis.shards.get(), 16);
     assert_eq!(c.defaults.max_items, nz(10));

@@ -77,9 +77,12 @@ fn limits(l: &Limits) -> Result<(), Violation> {
     Ok(())
 }
 
-/// `[redis]`: a URL the client can use, non-empty paths, a prefix that fits
-/// in a hash tag, and a bounded shard count.
+/// `[redis]`: one way to reach Redis (an embedded server, `url` or
+/// `cluster_nodes`) with only the settings that way uses, URLs the client can
+/// use, non-empty paths, a prefix that fits in a hash tag, and a bounded
+/// shard count.
 fn redis(r: &RedisConfig) -> Result<(), Violation> {
+    topology(r)?;
     if let Some(url) = &r.url {
         ensure(
             REDIS_SCHEMES.iter().any(|s| url.starts_with(s)),
@@ -91,6 +94,16 @@ fn redis(r: &RedisConfig) -> Result<(), Violation> {
                      (omit it to run the embedded redis-server), got {url:?}"
                 )
             },
+        )?;
+    }
+    for node in &r.cluster_nodes {
+        ensure(
+            ["redis://", "rediss://"]
+                .iter()
+                .any(|s| node.starts_with(s)),
+            &["redis"],
+            "cluster_nodes",
+            || format!("each node must start with redis:// or rediss://, got {node:?}"),
         )?;
     }
     for (field, path) in [("data_dir", &r.data_dir), ("redis_server", &r.redis_server)] {
@@ -114,12 +127,52 @@ fn redis(r: &RedisConfig) -> Result<(), Violation> {
     })
 }
 
+/// `url` and `cluster_nodes` exclude each other; the embedded-only settings
+/// need neither, and `wait_replicas` needs one (an embedded server has no
+/// replicas).
+fn topology(r: &RedisConfig) -> Result<(), Violation> {
+    let external = if r.url.is_some() {
+        Some("url")
+    } else if !r.cluster_nodes.is_empty() {
+        Some("cluster_nodes")
+    } else {
+        None
+    };
+    ensure(
+        r.url.is_none() || r.cluster_nodes.is_empty(),
+        &["redis"],
+        "cluster_nodes",
+        || "cannot be given together with url: name one Redis or one cluster".to_owned(),
+    )?;
+    let defaults = RedisConfig::default();
+    for (field, changed) in [
+        ("data_dir", r.data_dir != defaults.data_dir),
+        ("redis_server", r.redis_server != defaults.redis_server),
+        ("appendfsync", r.appendfsync != defaults.appendfsync),
+    ] {
+        ensure(!(changed && external.is_some()), &["redis"], field, || {
+            format!(
+                "applies only to the embedded redis-server, which does not run when {} is set",
+                external.unwrap_or_default()
+            )
+        })?;
+    }
+    ensure(
+        r.wait_replicas == 0 || external.is_some(),
+        &["redis"],
+        "wait_replicas",
+        || "needs url or cluster_nodes: the embedded redis-server has no replicas".to_owned(),
+    )
+}
+
 /// Timeouts, windows and periods that would break their loop at zero.
 fn durations(c: &Config) -> Result<(), Violation> {
     let s = &c.subscriptions;
     for (table, field, value) in [
         ("redis", "connect_timeout", c.redis.connect_timeout),
         ("redis", "response_timeout", c.redis.response_timeout),
+        // WAIT with a timeout of 0 would block forever.
+        ("redis", "wait_timeout", c.redis.wait_timeout),
         ("dedup", "window", c.dedup.window),
         ("sweeper", "max_sleep", c.sweeper.max_sleep),
         ("subscriptions", "retention", s.retention),
@@ -200,5 +253,65 @@ impl PolicyFields {
             })?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::Config;
+
+    /// The one-line error `text` is rejected with.
+    fn err(text: &str) -> String {
+        Config::parse(text, "batcher.toml").unwrap_err().to_string()
+    }
+
+    /// One way to reach Redis, with only the settings that way uses; a
+    /// cluster and `WAIT` parse.
+    #[test]
+    fn redis_topology() {
+        let c = Config::parse(
+            "[redis]\ncluster_nodes = [\"redis://a:1\", \"rediss://b:2\"]\n\
+             wait_replicas = 1\nwait_timeout = \"20ms\"\n",
+            "batcher.toml",
+        )
+        .unwrap();
+        assert_eq!(c.redis.cluster_nodes, ["redis://a:1", "rediss://b:2"]);
+        assert_eq!(c.redis.wait_replicas, 1);
+        assert_eq!(c.redis.wait_timeout, Duration::from_millis(20));
+
+        let url = "[redis]\nurl = \"redis://a:1\"\n";
+        let nodes = "cluster_nodes = [\"redis://b:1\"]\n";
+        let embedded_only = "applies only to the embedded redis-server, which does not run when";
+        for (text, want) in [
+            (
+                format!("{url}{nodes}"),
+                "[redis] cluster_nodes: cannot be given together with url: name one Redis or one cluster (line 3".to_owned(),
+            ),
+            (
+                "[redis]\ncluster_nodes = [\"b:1\"]\n".to_owned(),
+                "[redis] cluster_nodes: each node must start with redis://".to_owned(),
+            ),
+            (
+                format!("{url}data_dir = \"/x\"\n"),
+                format!("[redis] data_dir: {embedded_only} url is set (line 3"),
+            ),
+            (
+                format!("[redis]\n{nodes}appendfsync = \"no\"\n"),
+                format!("[redis] appendfsync: {embedded_only} cluster_nodes is set (line 3"),
+            ),
+            (
+                "[redis]\nwait_replicas = 1\n".to_owned(),
+                "[redis] wait_replicas: needs url or cluster_nodes".to_owned(),
+            ),
+            (
+                format!("{url}wait_timeout = \"0s\"\n"),
+                "[redis] wait_timeout: must be greater than 0 (line 3".to_owned(),
+            ),
+        ] {
+            let msg = err(&text);
+            assert!(msg.contains(&want), "{text:?}: got {msg:?}, want {want:?}");
+        }
     }
 }

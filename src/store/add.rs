@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::future::try_join_all;
-use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError};
 use tokio::sync::{mpsc, oneshot};
 
+use super::conn::{Conn, WaitReplicas, invoke};
 use super::decode::AddReply;
-use super::{AddArgs, Result, Store, StoreError, invoke};
+use super::{AddArgs, Result, Store, StoreError};
 use crate::batch::{Batch, DecodeError, Item};
 use crate::keys::Keyspace;
 use crate::policy::Policy;
@@ -125,7 +125,8 @@ fn writer_gone() -> StoreError {
 /// grows with load. Each job's items stay contiguous and in order, so a
 /// request's part is still applied atomically.
 pub(super) struct AddWriter {
-    pub conn: ConnectionManager,
+    pub conn: Conn,
+    pub wait: Option<WaitReplicas>,
     pub keys: Keyspace,
     pub dedup: Duration,
     pub shard: u16,
@@ -172,7 +173,8 @@ impl AddWriter {
         }
         let (keys, args) = args.into_parts();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let reply: AddReply = invoke(&self.conn, &scripts::ADD_ITEMS, &keys, args).await?;
+        let reply: AddReply =
+            invoke(&self.conn, self.wait, &scripts::ADD_ITEMS, &keys, args).await?;
         if reply.items.len() != items.len() {
             return Err(DecodeError("add_items result count".into()).into());
         }

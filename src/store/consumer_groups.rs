@@ -31,16 +31,19 @@ impl Store {
         definition: &str,
         from_start: bool,
     ) -> Result<String> {
-        let mut conn = self.conn.clone();
         let start = if from_start { "0" } else { "$" };
-        for shard in 0..self.keys.shards() {
+        // One command per shard stream, each to the node of its shard.
+        let creates = (0..self.keys.shards()).map(|shard| async move {
+            let mut conn = self.conn.clone();
             let stream = self.keys.shard(shard).stream;
             match conn.xgroup_create_mkstream(stream, name, start).await {
-                Ok(()) => {}
-                Err(err) if err.code() == Some("BUSYGROUP") => {}
-                Err(err) => return Err(err.into()),
+                Ok(()) => Ok(()),
+                Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
+                Err(err) => Err(err),
             }
-        }
+        });
+        try_join_all(creates).await?;
+        let mut conn = self.conn.clone();
         conn.hset_nx(self.keys.consumer_groups(), name, definition)
             .await?;
         Ok(self

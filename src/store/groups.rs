@@ -1,10 +1,12 @@
 //! Open groups: removing an item, flushing (by hand or by timeout), the
 //! sweeper's due scan, and reading one group or a page of them.
 
+use std::collections::HashMap;
+
 use futures::future::try_join_all;
 
 use super::decode::{GroupHash, ScriptBatch};
-use super::{Result, Store};
+use super::{Result, Store, StoreError};
 use crate::batch::{Batch, FlushReason, Group};
 use crate::scripts;
 
@@ -87,7 +89,7 @@ impl Store {
     /// next one falls due.
     pub async fn due_groups(&self, shard: u16, limit: usize) -> Result<DueScan> {
         let shard_keys = self.keys.shard(shard);
-        self.run_script(
+        self.run_read_script(
             &scripts::DUE_GROUPS,
             &[&shard_keys.due],
             vec![limit.to_string().into_bytes()],
@@ -163,19 +165,32 @@ impl Store {
     }
 
     /// Reads the metadata (not the items) of the given (due, key, shard)
-    /// groups, in one pipeline. A group flushed meanwhile is left out.
+    /// groups, in one pipeline per shard (a pipeline keeps to one slot). A
+    /// group flushed meanwhile is left out.
     async fn group_summaries(&self, candidates: &[(u64, String, u16)]) -> Result<Vec<Group>> {
-        if candidates.is_empty() {
-            return Ok(Vec::new());
+        let mut shards: Vec<u16> = candidates.iter().map(|(_, _, shard)| *shard).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let reads = shards.into_iter().map(|shard| async move {
+            let mine: Vec<&(u64, String, u16)> =
+                candidates.iter().filter(|c| c.2 == shard).collect();
+            let mut pipe = redis::pipe();
+            for (_, key, _) in &mine {
+                pipe.hmget(self.keys.group(shard, key), &["o", "d", "n", "b"]);
+            }
+            let mut conn = self.conn.clone();
+            let metas: Vec<Vec<Option<u64>>> = pipe.query_async(&mut conn).await?;
+            Ok::<_, StoreError>(mine.into_iter().zip(metas).collect::<Vec<_>>())
+        });
+        let mut metas: HashMap<(u16, &str), Vec<Option<u64>>> = HashMap::new();
+        for (candidate, meta) in try_join_all(reads).await?.into_iter().flatten() {
+            metas.insert((candidate.2, candidate.1.as_str()), meta);
         }
-        let mut conn = self.conn.clone();
-        let mut pipe = redis::pipe();
-        for (_, key, shard) in candidates {
-            pipe.hmget(self.keys.group(*shard, key), &["o", "d", "n", "b"]);
-        }
-        let metas: Vec<Vec<Option<u64>>> = pipe.query_async(&mut conn).await?;
         let mut groups = Vec::with_capacity(candidates.len());
-        for ((due, key, _), meta) in candidates.iter().zip(metas) {
+        for (due, key, shard) in candidates {
+            let meta = metas
+                .get(&(*shard, key.as_str()))
+                .map_or(&[][..], Vec::as_slice);
             if let [Some(opened), Some(_), Some(size), Some(bytes)] = meta[..] {
                 groups.push(Group {
                     key: key.clone(),

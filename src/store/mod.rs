@@ -1,15 +1,18 @@
 //! The store: every read and write of batcher's state in Redis.
 //!
-//! Writes go through the Lua scripts in `scripts`, each run by [`invoke`] with
+//! Writes go through the Lua scripts in `scripts`, each run by `invoke` with
 //! all of its keys in KEYS, and they always share one shard's hash tag. Calls
 //! made together (AddMany across shards, a sweep's flushes) are issued
 //! concurrently on the multiplexed connection, which pipelines them. The only
 //! blocking reads, the subscribers' stream tails, also live here, but run on
-//! a dedicated connection that the caller owns.
+//! a dedicated connection that the caller owns. Every command and pipeline
+//! keeps to one shard's keys, so each goes whole to the node that holds the
+//! shard on a Redis Cluster.
 //!
 //! Replies are decoded by redis-rs: its stream reply types for stream
 //! commands, and `FromRedisValue` impls in `decode` for our own shapes.
 //!
+//! - `conn`: connections to one Redis or a cluster, and `invoke` (with `WAIT`).
 //! - `add`: the add path and the per-shard writers; `add_args` builds the
 //!   add script's arguments (also used by the bench).
 //! - `groups`: remove, flush, the due scan, and reading open groups.
@@ -19,6 +22,7 @@
 
 mod add;
 mod add_args;
+mod conn;
 mod consumer_groups;
 mod decode;
 mod groups;
@@ -27,19 +31,20 @@ mod streams;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 use tokio::sync::mpsc;
 
 use crate::batch::DecodeError;
-use crate::keys::{Keyspace, debug_assert_one_slot};
+use crate::keys::Keyspace;
 use crate::policy::PolicyHandle;
 
 pub use add::{AddOutcome, AddReport, AddResult, NewItem};
 pub use add_args::AddArgs;
+pub use conn::{Conn, Endpoint, RedisTarget, Timeouts, WaitReplicas};
 pub use groups::{DueScan, GroupPos};
 
 use add::{AddJob, AddWriter};
+use conn::{Connector, invoke};
 
 /// Errors of the store layer.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -90,9 +95,12 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 pub struct Store {
     /// Multiplexed and self-reconnecting; shared by every request. Never used
     /// for blocking reads, which would stall every other caller.
-    conn: ConnectionManager,
-    /// Kept to open dedicated connections for blocking stream reads.
-    client: redis::Client,
+    conn: Conn,
+    /// Opens dedicated connections for blocking stream reads.
+    connector: Connector,
+    /// Whether, and how, write scripts wait for replicas.
+    wait: Option<WaitReplicas>,
+    connect_timeout: Duration,
     keys: Keyspace,
     dedup: Duration,
     /// The policies in force, for the `max_items` a flush cuts a group by.
@@ -101,41 +109,25 @@ pub struct Store {
     writers: Arc<[mpsc::UnboundedSender<AddJob>]>,
 }
 
-/// Timeouts of the command connection.
-#[derive(Clone, Copy, Debug)]
-pub struct Timeouts {
-    pub connect: Duration,
-    pub response: Duration,
-}
-
 impl Store {
-    /// A store over the Redis at `url`. Connects lazily, so the service starts
-    /// (and answers UNAVAILABLE) while Redis is down. Must be called inside a
-    /// tokio runtime: it starts one add writer task per shard, which ends
-    /// when the last clone of the store is dropped.
+    /// A store over the Redis (or Redis Cluster) of `target`. Connects
+    /// lazily, so the service starts (and answers UNAVAILABLE) while Redis is
+    /// down. Must be called inside a tokio runtime: it starts one add writer
+    /// task per shard, which ends when the last clone of the store is dropped.
     pub fn open(
-        url: &str,
+        target: &RedisTarget,
         keys: Keyspace,
         dedup_window: Duration,
-        timeouts: Timeouts,
         policies: PolicyHandle,
     ) -> Result<Store> {
-        // No Nagle: every command is a small write that must not wait for
-        // Redis's delayed ACK (redis-rs leaves TCP_NODELAY off by default).
-        let info = redis::IntoConnectionInfo::into_connection_info(url)?
-            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-        let client = redis::Client::open(info)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeouts.connect))
-            .set_response_timeout(Some(timeouts.response))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        let connector = Connector::new(target)?;
+        let conn = connector.shared(target.timeouts)?;
         let writers = (0..keys.shards())
             .map(|shard| {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let writer = AddWriter {
                     conn: conn.clone(),
+                    wait: target.wait,
                     keys: keys.clone(),
                     dedup: dedup_window,
                     shard,
@@ -146,7 +138,9 @@ impl Store {
             .collect();
         Ok(Store {
             conn,
-            client,
+            connector,
+            wait: target.wait,
+            connect_timeout: target.timeouts.connect,
             keys,
             dedup: dedup_window,
             policies,
@@ -164,9 +158,10 @@ impl Store {
         &self.policies
     }
 
-    /// The client, for dedicated connections.
-    pub fn client(&self) -> &redis::Client {
-        &self.client
+    /// A connection of the caller's own for blocking reads (each stream tail
+    /// holds one). On a cluster it follows its shard's slot between nodes.
+    pub async fn blocking_connection(&self) -> Result<Conn> {
+        self.connector.dedicated(self.connect_timeout).await
     }
 
     /// Checks that Redis answers.
@@ -176,33 +171,24 @@ impl Store {
         Ok(())
     }
 
-    /// Runs a script on the shared connection (see [`invoke`]).
+    /// Runs a write script on the shared connection, waiting for replicas
+    /// when the store is set to (see `invoke`).
     async fn run_script<T: FromRedisValue>(
         &self,
         script: &redis::Script,
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<T> {
-        invoke(&self.conn, script, keys, args).await
+        invoke(&self.conn, self.wait, script, keys, args).await
     }
-}
 
-/// Runs a script with all of its keys in KEYS (checked, in debug builds, to
-/// share one cluster slot), and decodes its reply.
-async fn invoke<T: FromRedisValue>(
-    conn: &ConnectionManager,
-    script: &redis::Script,
-    keys: &[&str],
-    args: Vec<Vec<u8>>,
-) -> Result<T> {
-    debug_assert_one_slot(keys);
-    let mut invocation = script.prepare_invoke();
-    for key in keys {
-        invocation.key(*key);
+    /// Runs a script that writes nothing: no replica has anything to confirm.
+    async fn run_read_script<T: FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        keys: &[&str],
+        args: Vec<Vec<u8>>,
+    ) -> Result<T> {
+        invoke(&self.conn, None, script, keys, args).await
     }
-    for arg in args {
-        invocation.arg(arg);
-    }
-    let mut conn = conn.clone();
-    Ok(invocation.invoke_async(&mut conn).await?)
 }

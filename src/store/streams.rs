@@ -5,12 +5,11 @@
 use std::time::Duration;
 
 use futures::future::try_join_all;
-use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamTrimOptions, StreamTrimmingMode};
 use redis::{AsyncTypedCommands, ErrorKind, RedisError, ServerErrorKind};
 
 use super::decode::{batches_from_entries, batches_from_read};
-use super::{Result, Store};
+use super::{Conn, Result, Store};
 use crate::batch::{Batch, StreamId};
 
 /// Whether an error is Redis's answer to reading a stream that does not exist yet.
@@ -50,24 +49,12 @@ impl Store {
         Ok(batches_from_entries(shard, reply.ids)?)
     }
 
-    /// A connection of its own for blocking reads, with no response timeout
-    /// (a blocking read is meant to wait). Each stream tail holds one.
-    pub async fn blocking_connection(&self) -> Result<MultiplexedConnection> {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(None);
-        Ok(self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?)
-    }
-
     /// Waits up to `block` for batches of a shard's stream after `after`, and
     /// reads up to `count` of them. Blocking, so `conn` must be a connection
     /// of the caller's own ([`Store::blocking_connection`]), never the shared one.
     pub async fn tail_batches(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Conn,
         shard: u16,
         after: StreamId,
         count: usize,

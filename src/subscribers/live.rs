@@ -5,13 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::{Cursor, Delivery, Filter};
 use crate::batch::{Batch, StreamId};
-use crate::store::{Store, StoreError};
+use crate::store::{Conn, Store, StoreError};
 
 /// Entries per tail read or catch-up read.
 const READ_COUNT: usize = 256;
@@ -125,7 +124,7 @@ pub(super) async fn tail(
     shutdown: CancellationToken,
 ) {
     let mut last: Option<StreamId> = None;
-    let mut conn: Option<MultiplexedConnection> = None;
+    let mut conn: Option<Conn> = None;
     let mut failures: u32 = 0;
     while !shutdown.is_cancelled() {
         let step = async {

@@ -19,7 +19,7 @@ use batcher::keys::Keyspace;
 use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use batcher::policy::PolicyHandle;
-use batcher::store::{Store, Timeouts};
+use batcher::store::{Endpoint, RedisTarget, Store, Timeouts};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
@@ -129,14 +129,22 @@ pub async fn next_batch(stream: &mut tonic::Streaming<pb::Batch>) -> pb::Batch {
 
 /// A store over the same Redis as `config`, for reading state directly.
 pub fn store(config: &Config) -> Store {
-    Store::open(
-        config.redis.url.as_deref().expect("test config has a url"),
-        Keyspace::new(&config.redis.prefix, config.redis.shards.get()),
-        config.dedup.window,
-        Timeouts {
+    let endpoint = match &config.redis.url {
+        Some(url) => Endpoint::Single(url.clone()),
+        None => Endpoint::Cluster(config.redis.cluster_nodes.clone()),
+    };
+    let target = RedisTarget {
+        endpoint,
+        timeouts: Timeouts {
             connect: Duration::from_secs(2),
             response: Duration::from_secs(5),
         },
+        wait: None,
+    };
+    Store::open(
+        &target,
+        Keyspace::new(&config.redis.prefix, config.redis.shards.get()),
+        config.dedup.window,
         PolicyHandle::new(config.policies()),
     )
     .expect("store")

@@ -1,0 +1,256 @@
+//! Connections: to one Redis, or to a Redis Cluster, behind one type.
+//!
+//! [`Conn`] is what every store call runs on. On a single Redis it is a
+//! self-reconnecting multiplexed connection; on a cluster it is redis-rs's
+//! cluster client, which routes each command to the master of its key's
+//! slot and follows MOVED and ASK. Both implement redis-rs's
+//! `ConnectionLike`, so a command, a pipeline or a script runs on either.
+//! A pipeline on a cluster must keep to one slot: redis-rs refuses one that
+//! does not (CROSSSLOT), so a cross-slot call cannot slip through.
+//!
+//! [`invoke`] runs a script and, when writes must reach replicas, `WAIT`
+//! right behind it in the same pipeline: same node, same connection, so the
+//! `WAIT` covers the script's writes.
+
+use std::io;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value,
+};
+
+use super::Result;
+use crate::keys::debug_assert_one_slot;
+
+/// Where Redis is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// One Redis (it may have replicas): its URL.
+    Single(String),
+    /// A Redis Cluster: the URLs of some of its nodes, to discover the rest.
+    Cluster(Vec<String>),
+}
+
+/// How a write waits for replicas before it is acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitReplicas {
+    /// How many replicas must confirm each write script.
+    pub replicas: u32,
+    /// How long `WAIT` may block for them.
+    pub timeout: Duration,
+}
+
+/// Timeouts of the command connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub response: Duration,
+}
+
+/// How to reach Redis and how writes are acknowledged.
+#[derive(Clone, Debug)]
+pub struct RedisTarget {
+    pub endpoint: Endpoint,
+    pub timeouts: Timeouts,
+    /// `None`: a write is acknowledged once its script ran on the master.
+    pub wait: Option<WaitReplicas>,
+}
+
+impl RedisTarget {
+    /// A single Redis at `url`, with `timeouts`, not waiting for replicas.
+    pub fn single(url: &str, timeouts: Timeouts) -> RedisTarget {
+        RedisTarget {
+            endpoint: Endpoint::Single(url.to_owned()),
+            timeouts,
+            wait: None,
+        }
+    }
+}
+
+/// A connection to Redis, or to a Redis Cluster.
+#[derive(Clone)]
+pub enum Conn {
+    /// Shared by every request to one Redis; reconnects by itself.
+    Managed(ConnectionManager),
+    /// A connection of its own to one Redis, for blocking reads.
+    Dedicated(MultiplexedConnection),
+    /// A cluster connection (shared, or of its own for blocking reads).
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Managed(c) => c.req_packed_command(cmd),
+            Conn::Dedicated(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Managed(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Dedicated(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Managed(c) => c.get_db(),
+            Conn::Dedicated(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// What opens connections: a client for one Redis, or for a cluster.
+#[derive(Clone)]
+pub enum Connector {
+    Single(redis::Client),
+    Cluster(Box<ClusterClient>),
+}
+
+/// How many times the cluster client retries a command (on MOVED, ASK,
+/// TRYAGAIN or a lost node) before the error reaches the caller; the
+/// response timeout bounds the whole.
+const CLUSTER_RETRIES: u32 = 6;
+
+/// A blocking read's connection waits this long for a reply at most: longer
+/// than any block the subscribers ask for.
+const BLOCKING_RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Connector {
+    /// A connector for `target`. Connects to nothing yet.
+    pub fn new(target: &RedisTarget) -> Result<Connector> {
+        // No Nagle: every command is a small write that must not wait for
+        // Redis's delayed ACK (redis-rs leaves TCP_NODELAY off by default).
+        let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
+        Ok(match &target.endpoint {
+            Endpoint::Single(url) => {
+                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?
+                    .set_tcp_settings(tcp);
+                Connector::Single(redis::Client::open(info)?)
+            }
+            Endpoint::Cluster(nodes) => Connector::Cluster(Box::new(
+                ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+                    .tcp_settings(tcp)
+                    .connection_timeout(target.timeouts.connect)
+                    .response_timeout(target.timeouts.response)
+                    .retries(CLUSTER_RETRIES)
+                    .min_retry_wait(10)
+                    .max_retry_wait(200)
+                    .build()?,
+            )),
+        })
+    }
+
+    /// The shared command connection. Connects lazily, so the service starts
+    /// (and answers UNAVAILABLE) while Redis is down.
+    pub fn shared(&self, timeouts: Timeouts) -> Result<Conn> {
+        Ok(match self {
+            Connector::Single(client) => {
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeouts.connect))
+                    .set_response_timeout(Some(timeouts.response))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(200));
+                Conn::Managed(ConnectionManager::new_lazy_with_config(
+                    client.clone(),
+                    config,
+                )?)
+            }
+            Connector::Cluster(client) => {
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(timeouts.connect)
+                    .set_response_timeout(timeouts.response);
+                Conn::Cluster(client.get_pending_async_connection_with_config(config))
+            }
+        })
+    }
+
+    /// A connection of the caller's own, for blocking reads, with no short
+    /// response timeout (a blocking read is meant to wait). On a cluster it
+    /// follows its slot when the slot moves to another node.
+    pub async fn dedicated(&self, connect: Duration) -> Result<Conn> {
+        Ok(match self {
+            Connector::Single(client) => {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect))
+                    .set_response_timeout(None);
+                Conn::Dedicated(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                )
+            }
+            Connector::Cluster(client) => {
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(connect)
+                    .set_response_timeout(BLOCKING_RESPONSE_TIMEOUT);
+                Conn::Cluster(client.get_async_connection_with_config(config).await?)
+            }
+        })
+    }
+}
+
+/// Runs a script with all of its keys in KEYS (checked, in debug builds, to
+/// share one cluster slot), and decodes its reply. With `wait`, `WAIT` runs
+/// right behind the script on the same node, and the call fails as
+/// unavailable unless enough replicas confirmed.
+pub(super) async fn invoke<T: FromRedisValue>(
+    conn: &Conn,
+    wait: Option<WaitReplicas>,
+    script: &redis::Script,
+    keys: &[&str],
+    args: Vec<Vec<u8>>,
+) -> Result<T> {
+    debug_assert_one_slot(keys);
+    let mut conn = conn.clone();
+    let Some(wait) = wait else {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        return Ok(invocation.invoke_async(&mut conn).await?);
+    };
+    let mut pipe = redis::pipe();
+    pipe.cmd("EVALSHA")
+        .arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args)
+        .cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(wait.timeout.as_millis() as u64);
+    let (reply, confirmed): (T, u32) = match pipe.query_async(&mut conn).await {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            // Redis restarted or failed over and lost its script cache.
+            script.prepare_invoke().load_async(&mut conn).await?;
+            pipe.query_async(&mut conn).await?
+        }
+        other => other?,
+    };
+    if confirmed < wait.replicas {
+        return Err(RedisError::from(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "{confirmed} of {} replicas confirmed the write within {:?}",
+                wait.replicas, wait.timeout
+            ),
+        ))
+        .into());
+    }
+    Ok(reply)
+}
