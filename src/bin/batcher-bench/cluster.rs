@@ -127,7 +127,10 @@ pub fn spread(prefix: &str, shards: u16, masters: usize) -> Vec<usize> {
     let mut owned = vec![0; masters];
     for shard in 0..shards {
         let slot = cluster_slot(keyspace.tag(shard).as_bytes());
-        owned[ends.iter().position(|end| slot <= *end).unwrap_or(masters - 1)] += 1;
+        owned[ends
+            .iter()
+            .position(|end| slot <= *end)
+            .unwrap_or(masters - 1)] += 1;
     }
     owned
 }
@@ -224,7 +227,9 @@ async fn owned_slots(url: &str) -> Result<Vec<(u16, u16)>, String> {
 }
 
 fn owns(ranges: &[(u16, u16)], slot: u16) -> bool {
-    ranges.iter().any(|(first, last)| (*first..=*last).contains(&slot))
+    ranges
+        .iter()
+        .any(|(first, last)| (*first..=*last).contains(&slot))
 }
 
 /// The ids in the flushed sets of `shards`, on the master at `url` that owns them.
@@ -256,7 +261,10 @@ mod tests {
     #[test]
     fn spread_counts_every_shard() {
         for n in SHARD_COUNTS {
-            assert_eq!(spread("bench", n, MASTERS).iter().sum::<usize>(), n as usize);
+            assert_eq!(
+                spread("bench", n, MASTERS).iter().sum::<usize>(),
+                n as usize
+            );
         }
     }
 }

@@ -10,7 +10,7 @@ use super::ingest::Ingest;
 use super::report::{Row, Verdict};
 use super::scenarios::{Sizes, Target};
 use super::service::Env;
-use super::{cluster, fanout, ingest, load, precision, remembered, reports, scale};
+use super::{cluster, cluster_report, fanout, ingest, load, precision, remembered, reports, scale};
 
 /// The table rows and notes collected so far, and whether any scenario could
 /// not run.
@@ -159,7 +159,8 @@ async fn run_cluster(
     let keyspace = env.keyspace();
     let future = cluster::cluster_add_many(sizes, run, &keyspace);
     if let Some(r) = runner.attempt(name, Duration::from_secs(180), future).await {
-        reports::cluster(runner, name, &r, single, &keyspace);
+        let prefix = &env.config.redis.prefix;
+        cluster_report::report(runner, name, &r, single, &keyspace, prefix);
     }
 }
 
