@@ -59,15 +59,23 @@ pub fn report(
     let per_sec = r.ingest.stats.per_sec();
     let single_per_sec = single.map(|s| s.stats.per_sec());
     let us = |v: Option<f64>| v.map_or("n/a".into(), |us| format!("{us:.1} µs"));
+    let single_us = single.and_then(Ingest::redis_us_per_item);
+    let figure = match single_per_sec {
+        Some(single_per_sec) => format!(
+            "{per_sec:.0} items/s vs {single_per_sec:.0} on one node (row 1); Redis CPU {}/item \
+             over the masters vs {} on one node",
+            us(r.total_us_per_item()),
+            us(single_us),
+        ),
+        None => format!(
+            "{per_sec:.0} items/s (run scenario 1 too to compare); Redis CPU {}/item over the \
+             masters",
+            us(r.total_us_per_item()),
+        ),
+    };
     runner.rows.push(Row::new(
         name,
-        format!(
-            "{per_sec:.0} items/s vs {} on one node (row 1); Redis CPU {}/item over the \
-             masters vs {} on one node",
-            single_per_sec.map_or("n/a (run 1 too)".into(), |s| format!("{s:.0} items/s")),
-            us(r.total_us_per_item()),
-            us(single.and_then(Ingest::redis_us_per_item)),
-        ),
+        figure,
         "reference (2 cores: no 3× here; see the projection)",
         single_per_sec.map_or(String::new(), |s| format!("{:.2}×", ratio(per_sec, s))),
         Verdict::Info,
