@@ -26,7 +26,7 @@ impl Ingest {
 }
 
 /// Keys the ingest scenarios spread their items over.
-const INGEST_KEYS: u64 = 10_000;
+pub const INGEST_KEYS: u64 = 10_000;
 
 /// Scenario 1: AddMany calls of 100 items over 10k keys, from 16 callers over
 /// 4 HTTP/2 connections.

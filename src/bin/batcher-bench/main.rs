@@ -4,9 +4,10 @@
 //! `service.rs` (the config under test and a fresh service per scenario),
 //! `runner.rs` (runs the scenarios in order), `ceiling.rs`, one file per
 //! scenario (`ingest.rs`, `precision.rs`, `fanout.rs`, `scale.rs`,
-//! `remembered.rs`) over `scenarios.rs` (what they share) and `load.rs` (load
-//! generation), `procs.rs` (child processes, CPU and RSS), `reports.rs`
-//! (results to rows and notes), `report.rs` (the table and BENCHMARKS.md) and
+//! `remembered.rs`, `cluster.rs`) over `scenarios.rs` (what they share) and
+//! `load.rs` (load generation), `procs.rs` (child processes, CPU and RSS),
+//! `reports.rs` and `cluster_report.rs` (results to rows and notes),
+//! `report.rs` (the table and BENCHMARKS.md) and
 //! `method.rs` (its "How each figure is computed").
 //!
 //! ```sh
@@ -92,8 +93,28 @@
 //!    by their `ZCARD` total: exactly the remembered ids, in Redis's own
 //!    allocation sizes. Cross-check in the details: (`used_memory` after −
 //!    before − `MEMORY USAGE` of the shard streams) / items. No target.
+//! 9. **AddMany on a 3-master cluster.** The library's launcher starts a
+//!    Redis Cluster of 3 masters, no replicas, no persistence
+//!    (`redis-cli --cluster create`: the default even split of the slots),
+//!    and a fresh service runs the bench's config with `[redis]
+//!    cluster_nodes` naming its nodes instead of `url`. Scenario 1's load
+//!    runs against it unchanged. Figures: items/s, next to scenario 1's in
+//!    the same run (when both run); Redis CPU µs per item over all masters
+//!    (row 9); each master's share of the items, as ids in the flushed sets
+//!    of the shards whose slots it owns after the run, with its expected
+//!    share (of the load's 10k keys, those whose shard's tag hashes to its
+//!    slots) and its share of the masters' CPU in the details; max/min share,
+//!    target ≤ 1.2 (row 9b); each master's CPU over the window / (items added
+//!    in the window × its share) (row 9c). Row 9d is computed, not measured:
+//!    how many of N shards each master owns under the default split, for N =
+//!    16 … 1024, and the smallest N with max/min ≤ 1.2, for the bench's
+//!    prefix and the default one. The details end with a projection from the
+//!    measured cost: items/s per master core = 1e6 / µs per item, and the
+//!    masters 100k, 500k and 1M items/s need. Not run with `--service`.
 
 mod ceiling;
+mod cluster;
+mod cluster_report;
 mod fanout;
 mod ingest;
 mod load;
@@ -139,8 +160,9 @@ struct Args {
     /// target/BENCHMARKS.partial.md].
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
-    /// Run only these scenarios (comma-separated: ceiling,1,2,3,4,5,6,7,8;
-    /// 5, 6 and 7 run together), e.g. to profile one of them.
+    /// Run only these scenarios (comma-separated: ceiling,1,2,3,4,5,6,7,8,9;
+    /// 5, 6 and 7 run together; 9 compares with 1 when both run), e.g. to
+    /// profile one of them.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     only: Vec<String>,
     /// Print the service config the bench runs, and exit.

@@ -43,6 +43,23 @@ pub const METHOD: &str = "\
   only the remembered ids, measured by Redis's own allocation sizes (15-byte key, 25-byte \
   id). Reference, no target. Cross-check in the details: (`used_memory` after − before − \
   `MEMORY USAGE` of the shard streams) / items added.
+- **9. AddMany on a 3-master cluster**: a local Redis Cluster of 3 masters (no replicas, no \
+  persistence) made by `redis-cli --cluster create`, so the default split of the slots \
+  (0-5460, 5461-10922, 10923-16383); a fresh service with the same config, `[redis] \
+  cluster_nodes` naming the nodes instead of `url`; scenario 1's load unchanged. Items/s as in \
+  1, next to row 1 of the same run. Redis CPU per item: the masters' CPU time over the window / \
+  items added in it. **9b**: each master's share of the items = ids in the flushed sets of the \
+  shards whose slots it owns (its `CLUSTER NODES` `myself` line) after the run / all of them \
+  (warm-up included); the details also give its expected share (of the load's 10k keys, those \
+  whose shard tag hashes to its slots) and its share of the masters' CPU; target max/min \
+  ≤ 1.2. **9c**: each master's CPU over the window / (items added in the window × its share). \
+  **9d** is computed, not measured: for 16 to 1024 shards, how many shard tags \
+  (`{<prefix>:<n>}`) fall in each master's slots under the default split, and the smallest \
+  count with max/min ≤ 1.2, for the bench's prefix and the default one. The projection in the \
+  details is arithmetic on the measured cost: one master core takes 1e6 / (µs per item) items/s; \
+  a rate needs ⌈rate × µs per item / 1e6⌉ masters with an even spread, times the busiest \
+  master's share × masters otherwise. This machine's 2 cores run all 3 masters, the service and \
+  the load, so the scenario cannot show the scaling itself.
 - CPU figures are the user+system time of each process over the measured window, in percent \
   of one core.
 ";

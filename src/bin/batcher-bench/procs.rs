@@ -161,16 +161,18 @@ pub fn cpu_secs(pid: u32) -> Option<f64> {
 
 /// CPU use of a set of processes over a window, as a percentage of one core.
 pub struct CpuMeter {
-    procs: Vec<(&'static str, u32, Option<f64>)>,
+    procs: Vec<(String, u32, Option<f64>)>,
     started: Instant,
 }
 
 impl CpuMeter {
-    pub fn start(procs: &[(&'static str, Option<u32>)]) -> CpuMeter {
+    pub fn start<N: AsRef<str>>(procs: &[(N, Option<u32>)]) -> CpuMeter {
         CpuMeter {
             procs: procs
                 .iter()
-                .filter_map(|(name, pid)| pid.map(|pid| (*name, pid, cpu_secs(pid))))
+                .filter_map(|(name, pid)| {
+                    pid.map(|pid| (name.as_ref().to_owned(), pid, cpu_secs(pid)))
+                })
                 .collect(),
             started: Instant::now(),
         }
@@ -183,7 +185,9 @@ impl CpuMeter {
             used: self
                 .procs
                 .iter()
-                .filter_map(|(name, pid, before)| Some((*name, cpu_secs(*pid)? - (*before)?)))
+                .filter_map(|(name, pid, before)| {
+                    Some((name.clone(), cpu_secs(*pid)? - (*before)?))
+                })
                 .collect(),
         }
     }
@@ -195,7 +199,7 @@ pub struct CpuUse {
     /// The window's wall time, in seconds.
     wall: f64,
     /// Each process that could be read, and its CPU seconds over the window.
-    used: Vec<(&'static str, f64)>,
+    used: Vec<(String, f64)>,
 }
 
 impl CpuUse {

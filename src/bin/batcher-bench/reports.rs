@@ -18,7 +18,7 @@ fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
-fn ratio(value: f64, reference: f64) -> f64 {
+pub fn ratio(value: f64, reference: f64) -> f64 {
     if reference > 0.0 {
         value / reference
     } else {

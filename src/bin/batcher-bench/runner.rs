@@ -6,10 +6,11 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use super::ceiling::{self, Ceiling};
-use super::report::Row;
+use super::ingest::Ingest;
+use super::report::{Row, Verdict};
 use super::scenarios::{Sizes, Target};
 use super::service::Env;
-use super::{fanout, ingest, load, precision, remembered, reports, scale};
+use super::{cluster, cluster_report, fanout, ingest, load, precision, remembered, reports, scale};
 
 /// The table rows and notes collected so far, and whether any scenario could
 /// not run.
@@ -82,15 +83,7 @@ pub async fn run_all(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &st
     let unpipelined = ceiling.as_ref().map(|c| c.unpipelined.ops_per_sec);
     let pipelined = ceiling.as_ref().map(|c| c.pipelined.ops_per_sec);
 
-    let name = "1. ingest via AddMany (100 items/call, 10k keys)";
-    if runner.wants("1")
-        && let Some(target) = runner.setup(name, env.fresh(true).await)
-    {
-        let run = ingest::ingest_add_many(&target, sizes, run);
-        if let Some(r) = runner.attempt(name, Duration::from_secs(120), run).await {
-            reports::add_many(runner, name, &r, pipelined);
-        }
-    }
+    let single = run_add_many(runner, env, sizes, run, pipelined).await;
     let name = "2. ingest via unary Add (64 callers)";
     if runner.wants("2")
         && let Some(target) = runner.setup(name, env.fresh(true).await)
@@ -117,6 +110,58 @@ pub async fn run_all(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &st
     run_scale(runner, env, sizes, run, streaming_rss).await;
     run_remembered(runner, env, sizes, run).await;
     env.service = None;
+    run_cluster(runner, env, sizes, run, single.as_ref()).await;
+}
+
+/// Scenario 1; returns its result for scenario 9 to compare with.
+async fn run_add_many(
+    runner: &mut Runner,
+    env: &mut Env,
+    sizes: &Sizes,
+    run: &str,
+    pipelined: Option<f64>,
+) -> Option<Ingest> {
+    let name = "1. ingest via AddMany (100 items/call, 10k keys)";
+    if !runner.wants("1") {
+        return None;
+    }
+    let target = runner.setup(name, env.fresh(true).await)?;
+    let future = ingest::ingest_add_many(&target, sizes, run);
+    let r = runner
+        .attempt(name, Duration::from_secs(120), future)
+        .await?;
+    reports::add_many(runner, name, &r, pipelined);
+    Some(r)
+}
+
+/// Scenario 9, on a cluster of its own, next to scenario 1's single node.
+async fn run_cluster(
+    runner: &mut Runner,
+    env: &Env,
+    sizes: &Sizes,
+    run: &str,
+    single: Option<&Ingest>,
+) {
+    let name = "9. ingest via AddMany on a 3-master cluster";
+    if !runner.wants("9") {
+        return;
+    }
+    if !env.runs_service() {
+        runner.rows.push(Row::new(
+            name,
+            "skipped: the bench must start the service itself (no --service)",
+            "",
+            "",
+            Verdict::Info,
+        ));
+        return;
+    }
+    let keyspace = env.keyspace();
+    let future = cluster::cluster_add_many(sizes, run, &keyspace);
+    if let Some(r) = runner.attempt(name, Duration::from_secs(180), future).await {
+        let prefix = &env.config.redis.prefix;
+        cluster_report::report(runner, name, &r, single, &keyspace, prefix);
+    }
 }
 
 /// The ceiling, when wanted: redis-benchmark on the bench's Redis, with the

@@ -21,15 +21,22 @@ pub struct Target {
     /// Known when the bench started Redis.
     pub redis_pid: Option<u32>,
     pub redis_url: String,
+    /// The masters' pids when the target is the bench's own cluster (CPU
+    /// is metered per master, as "master 1", "master 2", ...); else empty.
+    pub masters: Vec<u32>,
 }
 
 impl Target {
-    fn processes(&self) -> [(&'static str, Option<u32>); 3] {
-        [
-            ("redis", self.redis_pid),
-            ("service", self.service_pid),
-            ("bench", Some(std::process::id())),
-        ]
+    fn processes(&self) -> Vec<(String, Option<u32>)> {
+        let mut procs = vec![
+            ("redis".to_owned(), self.redis_pid),
+            ("service".to_owned(), self.service_pid),
+            ("bench".to_owned(), Some(std::process::id())),
+        ];
+        for (i, pid) in self.masters.iter().enumerate() {
+            procs.push((master_name(i), Some(*pid)));
+        }
+        procs
     }
 
     /// Starts measuring CPU use of Redis, the service and the bench.
@@ -52,6 +59,11 @@ impl Target {
     pub fn rss(&self) -> Option<u64> {
         self.service_pid.and_then(rss_kib)
     }
+}
+
+/// The name the CPU figures give the i-th master (from 0) of a cluster.
+pub fn master_name(i: usize) -> String {
+    format!("master {}", i + 1)
 }
 
 /// How big each scenario is: full, or the quick smoke run.

@@ -16,15 +16,27 @@ use super::scenarios::{Target, precision_waits};
 /// The service config every scenario runs with. One config for all, with a
 /// key glob per scenario policy, so that an external service can run it too.
 pub fn service_config(redis_url: &str) -> String {
+    config_with(&format!("url = \"{redis_url}\""))
+}
+
+/// The same config on a Redis Cluster (scenario 9): `[redis] cluster_nodes`
+/// names the seed nodes instead of `url`.
+pub fn cluster_config(nodes: &[String]) -> String {
+    let quoted: Vec<String> = nodes.iter().map(|n| format!("\"{n}\"")).collect();
+    config_with(&format!("cluster_nodes = [{}]", quoted.join(", ")))
+}
+
+/// The bench's config, with `redis_line` saying where Redis is.
+fn config_with(redis_line: &str) -> String {
     let mut config = format!(
         r#"shutdown_grace = "1s"
 
 [redis]
-url = "{redis_url}"
+{redis_line}
 prefix = "bench"
 shards = 16
 
-# Ingest (scenarios 1 and 2), fan-out (scenario 4) and the dedup sets
+# Ingest (scenarios 1, 2 and 9), fan-out (scenario 4) and the dedup sets
 # (scenario 8): groups flush by size.
 # The wait is long so that groups left open by one scenario never time out
 # during a later one.
@@ -91,6 +103,11 @@ impl Env {
         })
     }
 
+    /// Whether the bench starts the service itself (no --service).
+    pub fn runs_service(&self) -> bool {
+        self.external_service.is_none()
+    }
+
     /// The keyspace the service writes.
     pub fn keyspace(&self) -> Keyspace {
         Keyspace::new(&self.config.redis.prefix, self.config.redis.shards.get())
@@ -130,12 +147,13 @@ impl Env {
             service_pid,
             redis_pid: self.redis.as_ref().map(RedisServer::pid),
             redis_url: self.redis_url.clone(),
+            masters: Vec::new(),
         })
     }
 }
 
 /// Waits until the service answers a call that reaches Redis.
-async fn wait_ready(addr: SocketAddr) -> Result<(), String> {
+pub async fn wait_ready(addr: SocketAddr) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut last = String::new();
     while Instant::now() < deadline {
