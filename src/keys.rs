@@ -1,13 +1,22 @@
 //! Redis key names. This is the only module that formats them.
 //!
-//! Every key of one shard carries the hash tag `{<prefix>:<shard>}`, so all the
-//! keys that one script touches hash to one Redis Cluster slot.
+//! Every key of one shard carries the shard's hash tag, so all the keys that
+//! one script touches hash to one Redis Cluster slot.
+//!
+//! The tags are spread over the slot space: shard *s* of *S* gets the tag
+//! `{<prefix>:<s>:<n>}`, with the smallest `n` that puts its slot near the
+//! middle of the *s*-th of *S* equal slot ranges. A cluster whose masters
+//! own equal contiguous ranges (what `redis-cli --cluster create` makes)
+//! then holds the shards evenly: the counts per master differ by at most
+//! one. Plain `{<prefix>:<s>}` tags would land where CRC16 puts them, and
+//! 16 shards over 3 masters came out 4, 5 and 7.
 
 /// How keys map to shards and how shard keys are named.
 #[derive(Clone, Debug)]
 pub struct Keyspace {
     prefix: String,
-    shards: u16,
+    /// Each shard's hash tag, braces included.
+    tags: std::sync::Arc<[String]>,
 }
 
 /// The keys that make up one shard.
@@ -28,13 +37,13 @@ impl Keyspace {
         assert!(shards > 0, "shards must be at least 1");
         Keyspace {
             prefix: prefix.to_owned(),
-            shards,
+            tags: (0..shards).map(|s| spread_tag(prefix, s, shards)).collect(),
         }
     }
 
     /// Number of shards.
     pub fn shards(&self) -> u16 {
-        self.shards
+        self.tags.len() as u16
     }
 
     /// The shard of a key: FNV-1a (64-bit) of its bytes, modulo the shard count.
@@ -46,12 +55,12 @@ impl Keyspace {
             hash ^= u64::from(*byte);
             hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
         }
-        (hash % u64::from(self.shards)) as u16
+        (hash % u64::from(self.shards())) as u16
     }
 
     /// The hash tag shared by every key of a shard.
     pub fn tag(&self, shard: u16) -> String {
-        format!("{{{}:{}}}", self.prefix, shard)
+        self.tags[usize::from(shard)].clone()
     }
 
     /// The shard-wide keys.
@@ -86,6 +95,31 @@ impl Keyspace {
     }
 }
 
+/// Slots of a Redis Cluster.
+const SLOTS: u32 = 16384;
+
+/// The hash tag of shard `shard` of `shards`: `{prefix:shard:n}` with the
+/// smallest `n` whose slot lies within an eighth of a range of the middle
+/// of the shard's range of `SLOTS / shards` slots. A range is at least 16
+/// slots wide (at most 1024 shards), so such an `n` exists; about `4 ×
+/// shards` tries find it.
+fn spread_tag(prefix: &str, shard: u16, shards: u16) -> String {
+    use std::fmt::Write;
+    let width = SLOTS / u32::from(shards);
+    let middle = u32::from(shard) * width + width / 2;
+    let reach = (width / 8).max(1);
+    let stem = format!("{prefix}:{shard}:");
+    let mut tag = String::with_capacity(stem.len() + 10);
+    for n in 0u32.. {
+        tag.clear();
+        let _ = write!(tag, "{stem}{n}");
+        if middle.abs_diff(u32::from(cluster_slot(tag.as_bytes()))) < reach {
+            return format!("{{{tag}}}");
+        }
+    }
+    unreachable!("some n lands near the middle of every range")
+}
+
 /// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, or of the
 /// whole key when it has no tag, modulo 16384.
 pub fn cluster_slot(key: &[u8]) -> u16 {
@@ -98,17 +132,31 @@ pub fn cluster_slot(key: &[u8]) -> u16 {
     };
     let mut crc: u16 = 0;
     for byte in hashed {
-        crc ^= u16::from(*byte) << 8;
-        for _ in 0..8 {
+        crc = (crc << 8) ^ CRC16[usize::from((crc >> 8) as u8 ^ *byte)];
+    }
+    crc % 16384
+}
+
+/// CRC16 (XMODEM, polynomial 0x1021) of every byte value, for [`cluster_slot`].
+const CRC16: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
             crc = if crc & 0x8000 != 0 {
                 (crc << 1) ^ 0x1021
             } else {
                 crc << 1
             };
+            bit += 1;
         }
+        table[i] = crc;
+        i += 1;
     }
-    crc % 16384
-}
+    table
+};
 
 /// Panics (in debug builds) unless every key hashes to one cluster slot. Every
 /// script call passes its keys through this, so each test run checks the
@@ -149,7 +197,33 @@ mod tests {
     fn group_key_keeps_shard_tag_first() {
         let ks = Keyspace::new("batcher", 16);
         let g = ks.group(3, "}{evil}");
-        assert!(g.starts_with("{batcher:3}:g:"));
+        assert!(g.starts_with(&format!("{}:g:", ks.tag(3))));
+        assert_eq!(
+            cluster_slot(g.as_bytes()),
+            cluster_slot(ks.tag(3).as_bytes())
+        );
+    }
+
+    /// Shard tags are stable (data written by one release must be found by
+    /// the next), and sit near the middle of their slot ranges, so 16 shards
+    /// split 6/5/5 over 3 masters that own equal ranges and 4 each over 4.
+    #[test]
+    fn tags_spread_over_the_slots() {
+        let ks = Keyspace::new("batcher", 16);
+        assert_eq!(ks.tag(0), "{batcher:0:20}");
+        for masters in [3u32, 4, 5, 7] {
+            let mut counts = vec![0u32; masters as usize];
+            for shard in 0..16 {
+                let slot = u32::from(cluster_slot(ks.tag(shard).as_bytes()));
+                // redis-cli's even split: master i owns [i*S/m, (i+1)*S/m).
+                let owner = (0..masters).rfind(|i| slot >= i * SLOTS / masters).unwrap();
+                counts[owner as usize] += 1;
+            }
+            let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+            assert!(max - min <= 1, "{masters} masters: {counts:?}");
+        }
+        // Every count up to the largest allowed finds its tags.
+        assert_eq!(Keyspace::new("p", 1024).shards(), 1024);
     }
 
     /// Slots equal what `CLUSTER KEYSLOT` answers on redis-server 7.0, hash-tag edge cases included.

@@ -10,6 +10,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use batcher::config::{AppendFsync, Config};
+use batcher::keys::Keyspace;
 use support::cluster::{self, Cluster, ClusterNode, node_id, wait_all_flushed};
 use support::load::{Load, Placement, Tally, placement};
 use support::{DEADLINE, Service, all_batches, eventually, store};
@@ -251,8 +252,9 @@ async fn live_resharding_under_load_loses_nothing() {
     let (service, load) = load(&config).await;
     load.wait_answered(STEADY).await;
     let node = &cluster.nodes()[0];
+    let tag = Keyspace::new("reshard", 1).tag(0);
     let slot: u16 = node
-        .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg("{reshard:0}"))
+        .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(&tag))
         .unwrap();
     let from = owner(&cluster, node, slot);
     let masters = cluster.masters();

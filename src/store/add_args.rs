@@ -106,13 +106,7 @@ mod tests {
         let (keys, argv) = args.into_parts();
         assert_eq!(
             keys,
-            [
-                "{t:2}:due",
-                "{t:2}:batches",
-                "{t:2}:flushed",
-                "{t:2}:g:a",
-                "{t:2}:g:b"
-            ]
+            ["due", "batches", "flushed", "g:a", "g:b"].map(|k| format!("{}:{k}", keyspace.tag(2)))
         );
         let argv: Vec<&str> = argv
             .iter()

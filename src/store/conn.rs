@@ -280,7 +280,10 @@ async fn invoke_and_wait<T: FromRedisValue>(
                 asking = err.redirect_node().map(|(node, _)| node.to_owned());
             }
             ErrorKind::Server(ServerErrorKind::Moved) => {
-                redis::cmd("EXISTS").arg(keys[0]).query_async::<()>(conn).await?;
+                redis::cmd("EXISTS")
+                    .arg(keys[0])
+                    .query_async::<()>(conn)
+                    .await?;
             }
             ErrorKind::Server(
                 ServerErrorKind::TryAgain
