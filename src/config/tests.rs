@@ -84,8 +84,10 @@ fn readme_example_is_the_defaults() {
         .and_then(|rest| rest.split("```").next())
         .expect("a toml block in the config section");
     let c = parse(block).unwrap();
-    let mut want = Config::default();
-    want.keys = parse(EXAMPLE).unwrap().keys;
+    let want = Config {
+        keys: parse(EXAMPLE).unwrap().keys,
+        ..Config::default()
+    };
     assert_eq!(c, want);
 }
 
