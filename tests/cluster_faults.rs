@@ -7,13 +7,18 @@
 
 mod support;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use batcher::config::{AppendFsync, Config};
 use batcher::keys::Keyspace;
+use batcher::pb;
+use batcher::pb::batcher_client::BatcherClient;
 use support::cluster::{self, Cluster, ClusterNode, node_id, wait_all_flushed};
 use support::load::{Load, Placement, Tally, placement};
 use support::{DEADLINE, Service, all_batches, eventually, store};
+use tonic::transport::Channel;
 
 /// One fault test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -240,9 +245,28 @@ async fn migrate_slot(cluster: &Cluster, load: &Load, slot: u16, from: usize, to
     moved
 }
 
+/// Items a live subscriber of the resharding test has received so far.
+static LIVE_ITEMS: AtomicUsize = AtomicUsize::new(0);
+
+/// Receives a live subscription to every key until the service stops, and
+/// counts how often each (key, item id) arrived.
+async fn receive(mut client: BatcherClient<Channel>) -> HashMap<(String, Vec<u8>), usize> {
+    let request = pb::SubscribeRequest::default();
+    let mut stream = client.subscribe(request).await.unwrap().into_inner();
+    let mut seen = HashMap::new();
+    while let Ok(Some(batch)) = stream.message().await {
+        for item in batch.items {
+            *seen.entry((batch.key.clone(), item.id)).or_insert(0) += 1;
+            LIVE_ITEMS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    seen
+}
+
 /// A slot migrated live to another master while callers add to it: callers
-/// see only UNAVAILABLE, for no longer than the move, and every acknowledged
-/// item is in exactly one batch.
+/// see only UNAVAILABLE, for no longer than the move, every acknowledged
+/// item is in exactly one batch, and a live subscriber, whose shard tail
+/// follows the slot, receives every batch once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_resharding_under_load_loses_nothing() {
     let _serial = SERIAL.lock().await;
@@ -250,6 +274,8 @@ async fn live_resharding_under_load_loses_nothing() {
     // One shard, so every add and every flush goes to the migrating slot.
     let config = cluster::config(&cluster.urls(), "reshard", POLICY, "shards = 1\n");
     let (service, load) = load(&config).await;
+    // A live subscriber whose shard tail must follow the slot to its new node.
+    let live = tokio::spawn(receive(service.client().await));
     load.wait_answered(STEADY).await;
     let node = &cluster.nodes()[0];
     let tag = Keyspace::new("reshard", 1).tag(0);
@@ -278,7 +304,23 @@ async fn live_resharding_under_load_loses_nothing() {
     })
     .await;
     load.wait_answered(STEADY).await;
-    let (tally, placed) = settle(service, load, &config).await;
+    let tally = load.finish().await;
+    wait_all_flushed(&service.client().await).await;
+    let batches = all_batches(&store(&config)).await;
+    let items: usize = batches.iter().map(|b| b.items.len()).sum();
+    eventually("the live subscriber to receive every item", || {
+        let done = live.is_finished() || LIVE_ITEMS.load(Ordering::SeqCst) >= items;
+        async move { done.then_some(()) }
+    })
+    .await;
+    service.stop().await;
+    let live = live.await.unwrap();
+    assert_eq!(
+        live,
+        support::placements(&batches),
+        "live subscriber vs streams"
+    );
+    let placed = placement(&tally, &batches);
     eprintln!(
         "resharding: moved {moved} keys of slot {slot} in {took:?}; {} UNAVAILABLE, \
          longest outage of a caller {:?}; {placed:?}",
