@@ -29,7 +29,7 @@ use batcher::store::AddArgs;
 
 use super::procs::{CpuMeter, die_with_parent};
 
-/// Clients, as the issue prescribes.
+/// Clients of the ceiling runs.
 const CLIENTS: usize = 50;
 /// Range of each `__rand_int__`: the 10k keys of the ingest scenarios.
 const KEYS: u64 = 10_000;

@@ -1,4 +1,4 @@
-//! `batcher-bench`: the benchmark harness of batcher (issue 4).
+//! `batcher-bench`: the benchmark harness of batcher.
 //!
 //! Layout: `main.rs` (this: the CLI and the hidden `__serve` subcommand),
 //! `service.rs` (the config under test and a fresh service per scenario),

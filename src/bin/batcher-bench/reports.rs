@@ -11,7 +11,7 @@ use super::report::{Row, Verdict};
 use super::runner::Runner;
 use super::scale::{Probe, ScaleResult};
 
-/// The AddMany target on Redis CPU per item (issue 7), in µs.
+/// The AddMany target on Redis CPU per item, in µs.
 const ADD_MANY_REDIS_US: f64 = 8.0;
 
 fn mib(kib: u64) -> String {
@@ -215,7 +215,7 @@ pub fn add_many(runner: &mut Runner, name: &str, r: &Ingest, pipelined: Option<f
     ));
 }
 
-/// The unary Add target: this share of the unpipelined ceiling (issue 7).
+/// The unary Add target: this share of the unpipelined ceiling.
 const ADD_SHARE: f64 = 0.55;
 
 /// Scenario 2's row (throughput, latency, Redis CPU per item) and notes.
