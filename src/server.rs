@@ -34,6 +34,9 @@ pub enum ServerError {
     Transport(#[from] tonic::transport::Error),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// `[redis] tls_ca_file` cannot be read, or holds no PEM certificate.
+    #[error("[redis] tls_ca_file {}: {reason}", path.display())]
+    TlsCa { path: PathBuf, reason: String },
 }
 
 /// Serves the batcher API on `listener` until `shutdown` is cancelled.
@@ -93,8 +96,10 @@ async fn serve(
 }
 
 /// Opens the store at `endpoint`. Redis need not answer yet: until it does,
-/// the API answers UNAVAILABLE.
-async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, StoreError> {
+/// the API answers UNAVAILABLE. Wrong credentials do not stop the start
+/// either (they may be fixed on the Redis side): they are logged, and calls
+/// fail INTERNAL with "authentication failed" until they are.
+async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, ServerError> {
     let r = &config.redis;
     let target = RedisTarget {
         endpoint,
@@ -106,6 +111,7 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, StoreE
             replicas: r.wait_replicas,
             timeout: r.wait_timeout,
         }),
+        tls_ca: r.tls_ca_file.as_deref().map(read_tls_ca).transpose()?,
     };
     let keyspace = Keyspace::new(&r.prefix, r.shards.get());
     let store = Store::open(
@@ -114,10 +120,46 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, StoreE
         config.dedup.window,
         PolicyHandle::new(config.policies()),
     )?;
-    if let Err(err) = store.ping().await {
-        tracing::warn!(%err, "redis is not reachable yet; serving UNAVAILABLE until it is");
+    match store.ping().await {
+        Ok(()) => {}
+        Err(err) if is_auth_failure(&err) => tracing::warn!(
+            %err,
+            "redis authentication failed: check the user and password in [redis] url or \
+             cluster_nodes; calls fail until Redis accepts them"
+        ),
+        Err(err) => {
+            tracing::warn!(%err, "redis is not reachable yet; serving UNAVAILABLE until it is")
+        }
     }
     Ok(store)
+}
+
+/// Whether Redis refused the credentials (a wrong password or user), or
+/// asked for some that the URL does not give.
+fn is_auth_failure(err: &StoreError) -> bool {
+    let StoreError::Redis(err) = err else {
+        return false;
+    };
+    err.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("NOAUTH" | "WRONGPASS"))
+}
+
+/// The PEM root certificates in `path`: a start-up error unless it holds at
+/// least one.
+fn read_tls_ca(path: &std::path::Path) -> Result<Vec<u8>, ServerError> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let error = |reason: String| ServerError::TlsCa {
+        path: path.to_owned(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| error(format!("cannot be read: {e}")))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| error(format!("is not valid PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(error("holds no PEM certificate".to_owned()));
+    }
+    Ok(pem)
 }
 
 /// Starts the sweeper, the subscription hub and (with a config file) the

@@ -225,6 +225,10 @@ pub struct RedisConfig {
     /// with UNAVAILABLE (retrying is safe: adds are idempotent).
     #[serde(with = "humantime_serde")]
     pub wait_timeout: Duration,
+    /// A PEM file of the root CA(s) that signed the Redis server's TLS
+    /// certificate, for `rediss://` URLs (a relative path is taken from the
+    /// working directory). Without it, the public web PKI roots are trusted.
+    pub tls_ca_file: Option<PathBuf>,
     /// Embedded mode only: where the embedded server keeps its AOF/RDB files,
     /// so that state survives restarts.
     pub data_dir: PathBuf,
@@ -257,6 +261,7 @@ impl Default for RedisConfig {
             cluster_nodes: Vec::new(),
             wait_replicas: 0,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
+            tls_ca_file: None,
             data_dir: PathBuf::from(DEFAULT_REDIS_DATA_DIR),
             prefix: DEFAULT_REDIS_PREFIX.to_owned(),
             shards: DEFAULT_REDIS_SHARDS,

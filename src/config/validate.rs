@@ -1,6 +1,7 @@
 //! The rules of a configuration that no field's type expresses: bounds
 //! (a shard count, a longest wait, byte limits), the shape of strings (a key
-//! prefix, a Redis URL), durations that must not be zero, and the rules
+//! prefix, a Redis URL, cluster seed nodes that agree on credentials and
+//! TLS, a CA file only for `rediss://`), durations that must not be zero, and the rules
 //! that relate fields to each other (a policy's `max_items` against
 //! `[limits] max_items`, a key pattern against `[limits] max_key_bytes`).
 //!
@@ -106,6 +107,8 @@ fn redis(r: &RedisConfig) -> Result<(), Violation> {
             || format!("each node must start with redis:// or rediss://, got {node:?}"),
         )?;
     }
+    cluster_credentials(&r.cluster_nodes)?;
+    tls_ca_file(r)?;
     for (field, path) in [("data_dir", &r.data_dir), ("redis_server", &r.redis_server)] {
         ensure(!path.as_os_str().is_empty(), &["redis"], field, || {
             "must not be empty".to_owned()
@@ -124,6 +127,64 @@ fn redis(r: &RedisConfig) -> Result<(), Violation> {
     })?;
     ensure(r.shards.get() <= MAX_SHARDS, &["redis"], "shards", || {
         format!("must be between 1 and {MAX_SHARDS}, got {}", r.shards)
+    })
+}
+
+/// Every seed node carries the same user, password and scheme: the cluster
+/// client authenticates to every node, the discovered ones too, with one set
+/// of credentials and one TLS mode (redis-rs takes the first node's). The
+/// messages name nodes by index, never echo a password.
+fn cluster_credentials(nodes: &[String]) -> Result<(), Violation> {
+    let mut first = None;
+    for (i, node) in nodes.iter().enumerate() {
+        let info = redis::IntoConnectionInfo::into_connection_info(node.as_str());
+        let info = info.map_err(|e| Violation {
+            path: vec!["redis".to_owned(), "cluster_nodes".to_owned()],
+            message: format!("node {i} is not a valid Redis URL: {e}"),
+        })?;
+        let settings = info.redis_settings();
+        let auth = (
+            node.starts_with("rediss://"),
+            settings.username().map(str::to_owned),
+            settings.password().map(str::to_owned),
+        );
+        let first = first.get_or_insert_with(|| auth.clone());
+        ensure(first.0 == auth.0, &["redis"], "cluster_nodes", || {
+            format!("node {i} and node 0 differ in scheme: use rediss:// on every node or on none")
+        })?;
+        ensure(
+            first.1 == auth.1 && first.2 == auth.2,
+            &["redis"],
+            "cluster_nodes",
+            || {
+                format!(
+                    "node {i} and node 0 differ in user or password: every node must carry the \
+                 same credentials (the client uses one set for the whole cluster)"
+                )
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// `tls_ca_file` is a path, and only where a `rediss://` URL uses it.
+fn tls_ca_file(r: &RedisConfig) -> Result<(), Violation> {
+    let Some(path) = &r.tls_ca_file else {
+        return Ok(());
+    };
+    ensure(
+        !path.as_os_str().is_empty(),
+        &["redis"],
+        "tls_ca_file",
+        || "must not be empty when set".to_owned(),
+    )?;
+    let tls = r
+        .url
+        .iter()
+        .chain(&r.cluster_nodes)
+        .any(|u| u.starts_with("rediss://"));
+    ensure(tls, &["redis"], "tls_ca_file", || {
+        "applies only to TLS: needs a rediss:// url or rediss:// cluster_nodes".to_owned()
     })
 }
 
@@ -272,12 +333,12 @@ mod tests {
     #[test]
     fn redis_topology() {
         let c = Config::parse(
-            "[redis]\ncluster_nodes = [\"redis://a:1\", \"rediss://b:2\"]\n\
+            "[redis]\ncluster_nodes = [\"redis://a:1\", \"redis://b:2\"]\n\
              wait_replicas = 1\nwait_timeout = \"20ms\"\n",
             "batcher.toml",
         )
         .unwrap();
-        assert_eq!(c.redis.cluster_nodes, ["redis://a:1", "rediss://b:2"]);
+        assert_eq!(c.redis.cluster_nodes, ["redis://a:1", "redis://b:2"]);
         assert_eq!(c.redis.wait_replicas, 1);
         assert_eq!(c.redis.wait_timeout, Duration::from_millis(20));
 
@@ -312,6 +373,66 @@ mod tests {
         ] {
             let msg = err(&text);
             assert!(msg.contains(&want), "{text:?}: got {msg:?}, want {want:?}");
+        }
+    }
+
+    /// Seed nodes must agree on credentials and scheme, and say so without
+    /// echoing a password; `tls_ca_file` goes only with a `rediss://` URL.
+    #[test]
+    fn redis_credentials_and_tls_ca() {
+        let c = Config::parse(
+            "[redis]\ncluster_nodes = [\"rediss://u:p@a:1\", \"rediss://u:p@b:2\"]\n\
+             tls_ca_file = \"ca.pem\"\n",
+            "batcher.toml",
+        )
+        .unwrap();
+        assert_eq!(c.redis.tls_ca_file.as_deref(), Some("ca.pem".as_ref()));
+        let c = Config::parse(
+            "[redis]\nurl = \"rediss://:p@a:1\"\ntls_ca_file = \"ca.pem\"\n",
+            "batcher.toml",
+        )
+        .unwrap();
+        assert_eq!(c.redis.url.as_deref(), Some("rediss://:p@a:1"));
+
+        let nodes = "[redis]\ncluster_nodes = ";
+        let differ = "[redis] cluster_nodes: node 1 and node 0 differ in user or password";
+        for (text, want) in [
+            (
+                format!("{nodes}[\"redis://:secret1@a:1\", \"redis://:secret2@b:2\"]\n"),
+                format!("{differ}: every node must carry the same credentials"),
+            ),
+            (
+                format!("{nodes}[\"redis://a:1\", \"redis://:secret2@b:2\"]\n"),
+                format!("{differ}"),
+            ),
+            (
+                format!("{nodes}[\"redis://u1:secret@a:1\", \"redis://u2:secret@b:2\"]\n"),
+                format!("{differ}"),
+            ),
+            (
+                format!("{nodes}[\"rediss://a:1\", \"redis://b:2\"]\n"),
+                "[redis] cluster_nodes: node 1 and node 0 differ in scheme".to_owned(),
+            ),
+            (
+                format!("{nodes}[\"redis://a:1\", \"redis://b:port\"]\n"),
+                "[redis] cluster_nodes: node 1 is not a valid Redis URL".to_owned(),
+            ),
+            (
+                "[redis]\nurl = \"redis://a:1\"\ntls_ca_file = \"ca.pem\"\n".to_owned(),
+                "[redis] tls_ca_file: applies only to TLS: needs a rediss:// url".to_owned(),
+            ),
+            (
+                "[redis]\ntls_ca_file = \"ca.pem\"\n".to_owned(),
+                "[redis] tls_ca_file: applies only to TLS".to_owned(),
+            ),
+            (
+                "[redis]\nurl = \"rediss://a:1\"\ntls_ca_file = \"\"\n".to_owned(),
+                "[redis] tls_ca_file: must not be empty when set (line 3".to_owned(),
+            ),
+        ] {
+            let msg = err(&text);
+            assert!(msg.contains(&want), "{text:?}: got {msg:?}, want {want:?}");
+            assert!(!msg.contains("secret"), "{msg:?} echoes a password");
         }
     }
 }

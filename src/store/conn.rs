@@ -8,6 +8,10 @@
 //! sends commands one by one (the multiplexed connection pipelines
 //! concurrent ones by itself), so redis-rs routes and redirects each.
 //!
+//! Credentials come in the URLs; a `rediss://` URL connects over TLS
+//! (rustls), verifying the server against the configured root CA, or else
+//! the public web PKI roots.
+//!
 //! [`invoke`] runs a script and, when writes must reach replicas, `WAIT`
 //! right behind it in the store's one explicit pipeline: same node, same
 //! connection, so the `WAIT` covers the script's writes.
@@ -20,7 +24,8 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value,
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind,
+    TlsCertificates, Value,
 };
 
 use super::Result;
@@ -58,15 +63,28 @@ pub struct RedisTarget {
     pub timeouts: Timeouts,
     /// `None`: a write is acknowledged once its script ran on the master.
     pub wait: Option<WaitReplicas>,
+    /// PEM root certificate(s) that `rediss://` connections verify the
+    /// server's certificate against; `None`: the public web PKI roots.
+    /// Credentials need no field: they are in the URLs.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 impl RedisTarget {
+    /// The root CA for TLS connections, if one is given.
+    fn certificates(&self) -> Option<TlsCertificates> {
+        self.tls_ca.as_ref().map(|pem| TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.clone()),
+        })
+    }
+
     /// A single Redis at `url`, with `timeouts`, not waiting for replicas.
     pub fn single(url: &str, timeouts: Timeouts) -> RedisTarget {
         RedisTarget {
             endpoint: Endpoint::Single(url.to_owned()),
             timeouts,
             wait: None,
+            tls_ca: None,
         }
     }
 }
@@ -139,18 +157,26 @@ impl Connector {
             Endpoint::Single(url) => {
                 let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?
                     .set_tcp_settings(tcp);
-                Connector::Single(redis::Client::open(info)?)
+                Connector::Single(match target.certificates() {
+                    Some(certs) => redis::Client::build_with_tls(info, certs)?,
+                    None => redis::Client::open(info)?,
+                })
             }
-            Endpoint::Cluster(nodes) => Connector::Cluster(Box::new(
-                ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+            Endpoint::Cluster(nodes) => {
+                // The first node's user, password and TLS mode hold for
+                // every node (the config checks that all the seeds agree).
+                let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
                     .tcp_settings(tcp)
                     .connection_timeout(target.timeouts.connect)
                     .response_timeout(target.timeouts.response)
                     .retries(CLUSTER_RETRIES)
                     .min_retry_wait(10)
-                    .max_retry_wait(200)
-                    .build()?,
-            )),
+                    .max_retry_wait(200);
+                if let Some(certs) = target.certificates() {
+                    builder = builder.certs(certs);
+                }
+                Connector::Cluster(Box::new(builder.build()?))
+            }
         })
     }
 

@@ -141,6 +141,11 @@ pub fn store(config: &Config) -> Store {
             response: Duration::from_secs(5),
         },
         wait: None,
+        tls_ca: config
+            .redis
+            .tls_ca_file
+            .as_ref()
+            .map(|f| std::fs::read(f).unwrap()),
     };
     Store::open(
         &target,

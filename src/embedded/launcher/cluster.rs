@@ -6,6 +6,13 @@
 //! reports `cluster_state:ok` and every master has its replicas online, so
 //! `WAIT` is answered from the first write.
 //!
+//! With a password, every node requires it of clients and of each other
+//! (`requirepass`, `masterauth`), and every URL here carries it. With TLS,
+//! every node also listens on a TLS port, and speaks TLS on the cluster bus
+//! and to its master; the cluster announces the TLS ports
+//! (`tls-cluster yes`), so clients of [`Cluster::tls_urls`] use TLS
+//! throughout. The plain port stays open, for the launcher's own probes.
+//!
 //! Roles are read from the nodes themselves (`INFO replication`), so they
 //! follow failovers. A [`ClusterNode`] can be killed and restarted on its old
 //! port and dir, where it rejoins (as a replica once it has been failed over).
@@ -50,6 +57,23 @@ pub struct ClusterOptions {
     pub node_timeout: Duration,
     /// Bound on the whole start, and on each [`Cluster::wait_healthy`] of it.
     pub ready_timeout: Duration,
+    /// `Some`: every node requires this password (URL-safe).
+    pub password: Option<String>,
+    /// `Some`: every node also serves TLS with these files.
+    pub tls: Option<ClusterTls>,
+}
+
+/// The PEM files of a TLS cluster; the server certificate must be valid for
+/// 127.0.0.1.
+#[derive(Debug, Clone)]
+pub struct ClusterTls {
+    /// The nodes' certificate (`tls-cert-file`).
+    pub cert_file: PathBuf,
+    /// Its private key (`tls-key-file`).
+    pub key_file: PathBuf,
+    /// The CA that signed it (`tls-ca-cert-file`), which the nodes and
+    /// `redis-cli` verify each other with.
+    pub ca_file: PathBuf,
 }
 
 impl Default for ClusterOptions {
@@ -62,6 +86,8 @@ impl Default for ClusterOptions {
             binary: PathBuf::from("redis-server"),
             node_timeout: DEFAULT_NODE_TIMEOUT,
             ready_timeout: DEFAULT_CLUSTER_TIMEOUT,
+            password: None,
+            tls: None,
         }
     }
 }
@@ -73,6 +99,8 @@ pub struct ClusterNode {
     launch: Launch,
     /// The child; killed (and reaped) by [`ClusterNode::kill`].
     server: RedisServer,
+    /// Its TLS port, in a TLS cluster.
+    tls_port: Option<u16>,
 }
 
 impl ClusterNode {
@@ -81,9 +109,18 @@ impl ClusterNode {
         &self.server
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://127.0.0.1:PORT`, with `:PASSWORD@` in a cluster that has one.
     pub fn url(&self) -> &str {
         self.server.url()
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` (with the password, if any), in a TLS
+    /// cluster.
+    pub fn tls_url(&self) -> Option<String> {
+        let tls_port = self.tls_port?;
+        // "redis://[:PASSWORD@]127.0.0.1:" of the plain URL.
+        let base = self.url().strip_suffix(&self.port().to_string())?;
+        Some(format!("rediss{}{tls_port}", base.strip_prefix("redis")?))
     }
 
     /// Its client port (the same across restarts).
@@ -170,9 +207,16 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Every node's URL, `redis://127.0.0.1:PORT`, in creation order.
+    /// Every node's URL, `redis://127.0.0.1:PORT` (with the password, if
+    /// any), in creation order.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url().to_owned()).collect()
+    }
+
+    /// Every node's [`ClusterNode::tls_url`], in creation order; empty unless
+    /// the cluster serves TLS.
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes.iter().filter_map(ClusterNode::tls_url).collect()
     }
 
     /// The running nodes that say they are masters now.
@@ -244,8 +288,19 @@ impl Cluster {
     fn create(&self) -> Result<(), LaunchError> {
         let mut cmd = Command::new("timeout");
         cmd.arg(self.options.ready_timeout.as_secs().max(1).to_string());
-        cmd.args(["redis-cli", "--cluster", "create"]);
-        cmd.args(self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())));
+        cmd.arg("redis-cli");
+        if let Some(password) = &self.options.password {
+            cmd.args(["--no-auth-warning", "-a", password]);
+        }
+        if let Some(tls) = &self.options.tls {
+            cmd.args(["--tls", "--cacert"]).arg(&tls.ca_file);
+        }
+        cmd.args(["--cluster", "create"]);
+        cmd.args(self.nodes.iter().map(|n| {
+            // With TLS, redis-cli reaches every node (the ones it learns of
+            // too) through the ports the cluster announces: the TLS ones.
+            format!("127.0.0.1:{}", n.tls_port.unwrap_or_else(|| n.port()))
+        }));
         let replicas = self.options.replicas_per_master.to_string();
         cmd.args(["--cluster-replicas", &replicas, "--cluster-yes"]);
         set_parent_death_signal(cmd.stdin(Stdio::null()), libc::SIGKILL);
@@ -291,7 +346,11 @@ fn start_node(options: &ClusterOptions, dir: PathBuf) -> Result<ClusterNode, Lau
     loop {
         let port = free_port().map_err(port_err)?;
         let bus = free_port().map_err(port_err)?;
-        if bus == port {
+        let tls_port = match options.tls {
+            Some(_) => Some(free_port().map_err(port_err)?),
+            None => None,
+        };
+        if bus == port || tls_port.is_some_and(|t| t == port || t == bus) {
             continue;
         }
         let mut launch = Launch::new()
@@ -312,9 +371,16 @@ fn start_node(options: &ClusterOptions, dir: PathBuf) -> Result<ClusterNode, Lau
                 .config("appendfsync", policy.as_str()),
             None => launch.config("appendonly", "no"),
         };
+        launch = secure(launch, options, tls_port);
         tries -= 1;
         match launch.start() {
-            Ok(server) => return Ok(ClusterNode { launch, server }),
+            Ok(server) => {
+                return Ok(ClusterNode {
+                    launch,
+                    server,
+                    tls_port,
+                });
+            }
             Err(LaunchError::AddressInUse { .. }) if tries > 0 => {
                 // A node that lost its bus port may have written its identity.
                 let _ = fs::remove_file(dir.join("nodes.conf"));
@@ -322,4 +388,22 @@ fn start_node(options: &ClusterOptions, dir: PathBuf) -> Result<ClusterNode, Lau
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Adds the password and the TLS settings of `options` to a node's launch.
+fn secure(mut launch: Launch, options: &ClusterOptions, tls_port: Option<u16>) -> Launch {
+    if let Some(password) = &options.password {
+        launch = launch.password(password).config("masterauth", password);
+    }
+    if let (Some(tls), Some(port)) = (&options.tls, tls_port) {
+        launch = launch
+            .config("tls-port", port.to_string())
+            .config("tls-cert-file", &tls.cert_file)
+            .config("tls-key-file", &tls.key_file)
+            .config("tls-ca-cert-file", &tls.ca_file)
+            .config("tls-auth-clients", "no")
+            .config("tls-cluster", "yes")
+            .config("tls-replication", "yes");
+    }
+    launch
 }

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-pub use self::cluster::{Cluster, ClusterNode, ClusterOptions};
+pub use self::cluster::{Cluster, ClusterNode, ClusterOptions, ClusterTls};
 pub(crate) use self::probe::{answers, config_dir};
 pub use self::server::RedisServer;
 
@@ -119,6 +119,8 @@ pub struct Launch {
     own_process_group: bool,
     /// How long a start waits for the first PONG.
     ready_timeout: Duration,
+    /// `requirepass`, which the probe and the server's URL then carry.
+    password: Option<String>,
 }
 
 impl Default for Launch {
@@ -141,6 +143,7 @@ impl Launch {
             death_signal: libc::SIGKILL,
             own_process_group: false,
             ready_timeout: DEFAULT_READY_TIMEOUT,
+            password: None,
         }
     }
 
@@ -169,6 +172,13 @@ impl Launch {
         self.args.push(format!("--{name}").into());
         self.args.push(value.as_ref().to_owned());
         self
+    }
+
+    /// Requires `password` (URL-safe) of the `default` user
+    /// (`--requirepass`); the readiness probe and [`RedisServer::url`] carry it.
+    pub fn password(mut self, password: &str) -> Self {
+        self.password = Some(password.to_owned());
+        self.config("requirepass", password)
     }
 
     /// Adds one raw command-line argument, after all the others.
@@ -266,7 +276,13 @@ impl Launch {
         Ok(RedisServer {
             pid: child.id(),
             child: Some(child),
-            url: url(&listen),
+            url: match &self.password {
+                Some(password) if matches!(listen, Listen::Port(_)) => {
+                    url(&listen).replacen("://", &format!("://:{password}@"), 1)
+                }
+                Some(password) => format!("{}?pass={password}", url(&listen)),
+                None => url(&listen),
+            },
             listen,
             dir,
             log,

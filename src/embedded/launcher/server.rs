@@ -40,7 +40,8 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// `redis://127.0.0.1:PORT` or `redis+unix:///abs/path.sock`.
+    /// `redis://127.0.0.1:PORT` or `redis+unix:///abs/path.sock`, with the
+    /// password when [`Launch::password`](super::Launch::password) set one.
     pub fn url(&self) -> &str {
         &self.url
     }
