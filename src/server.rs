@@ -111,7 +111,13 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, Server
             replicas: r.wait_replicas,
             timeout: r.wait_timeout,
         }),
-        tls_ca: r.tls_ca_file.as_deref().map(read_tls_ca).transpose()?,
+        tls_ca: match &r.tls_ca_file {
+            Some(path) => Some(read_tls_ca(path).map_err(|reason| ServerError::TlsCa {
+                path: path.clone(),
+                reason,
+            })?),
+            None => None,
+        },
     };
     let keyspace = Keyspace::new(&r.prefix, r.shards.get());
     let store = Store::open(
@@ -120,7 +126,15 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, Server
         config.dedup.window,
         PolicyHandle::new(config.policies()),
     )?;
-    match store.ping().await {
+    let pinged = match store.ping().await {
+        // A cluster client hides why it could not connect behind "no
+        // connections found"; a connection of its own says why.
+        Err(_) if matches!(target.endpoint, Endpoint::Cluster(_)) => {
+            store.blocking_connection().await.map(drop)
+        }
+        pinged => pinged,
+    };
+    match pinged {
         Ok(()) => {}
         Err(err) if is_auth_failure(&err) => tracing::warn!(
             %err,
@@ -135,29 +149,27 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, Server
 }
 
 /// Whether Redis refused the credentials (a wrong password or user), or
-/// asked for some that the URL does not give.
+/// asked for some that the URL does not give. A cluster client reports it
+/// inside an I/O error, in redis-rs's words ("authentication failed").
 fn is_auth_failure(err: &StoreError) -> bool {
-    let StoreError::Redis(err) = err else {
+    let (StoreError::Redis(err) | StoreError::Unavailable(err)) = err else {
         return false;
     };
     err.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(err.code(), Some("NOAUTH" | "WRONGPASS"))
+        || err.to_string().contains("authentication failed")
 }
 
-/// The PEM root certificates in `path`: a start-up error unless it holds at
-/// least one.
-fn read_tls_ca(path: &std::path::Path) -> Result<Vec<u8>, ServerError> {
+/// The PEM root certificates in `path`, or why it cannot serve as
+/// `tls_ca_file` (unreadable, or holding no PEM certificate).
+fn read_tls_ca(path: &std::path::Path) -> Result<Vec<u8>, String> {
     use rustls::pki_types::{CertificateDer, pem::PemObject};
-    let error = |reason: String| ServerError::TlsCa {
-        path: path.to_owned(),
-        reason,
-    };
-    let pem = std::fs::read(path).map_err(|e| error(format!("cannot be read: {e}")))?;
+    let pem = std::fs::read(path).map_err(|e| format!("cannot be read: {e}"))?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| error(format!("is not valid PEM: {e}")))?;
+        .map_err(|e| format!("is not valid PEM: {e}"))?;
     if certs.is_empty() {
-        return Err(error("holds no PEM certificate".to_owned()));
+        return Err("holds no PEM certificate".to_owned());
     }
     Ok(pem)
 }

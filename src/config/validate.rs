@@ -403,11 +403,11 @@ mod tests {
             ),
             (
                 format!("{nodes}[\"redis://a:1\", \"redis://:secret2@b:2\"]\n"),
-                format!("{differ}"),
+                differ.to_owned(),
             ),
             (
                 format!("{nodes}[\"redis://u1:secret@a:1\", \"redis://u2:secret@b:2\"]\n"),
-                format!("{differ}"),
+                differ.to_owned(),
             ),
             (
                 format!("{nodes}[\"rediss://a:1\", \"redis://b:2\"]\n"),

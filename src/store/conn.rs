@@ -134,7 +134,7 @@ impl ConnectionLike for Conn {
 /// What opens connections: a client for one Redis, or for a cluster.
 #[derive(Clone)]
 pub enum Connector {
-    Single(redis::Client),
+    Single(Box<redis::Client>),
     Cluster(Box<ClusterClient>),
 }
 
@@ -157,10 +157,10 @@ impl Connector {
             Endpoint::Single(url) => {
                 let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?
                     .set_tcp_settings(tcp);
-                Connector::Single(match target.certificates() {
+                Connector::Single(Box::new(match target.certificates() {
                     Some(certs) => redis::Client::build_with_tls(info, certs)?,
                     None => redis::Client::open(info)?,
-                })
+                }))
             }
             Endpoint::Cluster(nodes) => {
                 // The first node's user, password and TLS mode hold for
@@ -191,7 +191,7 @@ impl Connector {
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(200));
                 Conn::Managed(ConnectionManager::new_lazy_with_config(
-                    client.clone(),
+                    client.as_ref().clone(),
                     config,
                 )?)
             }

@@ -66,6 +66,9 @@ impl From<RedisError> for StoreError {
             || err.is_timeout()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
+            // A cluster client that reaches no node (they are down, or
+            // refuse its credentials).
+            || err.kind() == ErrorKind::ClusterConnectionNotFound
             || matches!(
                 err.kind(),
                 ErrorKind::Server(

@@ -1,0 +1,104 @@
+//! TLS for tests: a throw-away CA and a server certificate for 127.0.0.1,
+//! made with rcgen into a test's own dir, and a real redis-server that
+//! speaks only TLS.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use batcher::embedded::launcher::{self, ClusterTls, Launch, Listen};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+
+use super::eventually;
+
+/// The PEM files of a test CA and of a server certificate it signed.
+pub struct Certs {
+    /// The CA's certificate: what clients trust.
+    pub ca_file: PathBuf,
+    /// The server's certificate, valid for 127.0.0.1 and localhost.
+    pub cert_file: PathBuf,
+    /// The server's private key.
+    pub key_file: PathBuf,
+}
+
+impl Certs {
+    /// Makes a CA and a server certificate, and writes them into `dir`.
+    pub fn generate(dir: &Path) -> Certs {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "batcher test CA");
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+
+        let key = KeyPair::generate().unwrap();
+        let mut server =
+            CertificateParams::new(["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+        server
+            .distinguished_name
+            .push(DnType::CommonName, "batcher test redis");
+        let cert = server.signed_by(&key, &issuer).unwrap();
+
+        let certs = Certs {
+            ca_file: dir.join("ca.pem"),
+            cert_file: dir.join("redis.pem"),
+            key_file: dir.join("redis.key"),
+        };
+        std::fs::write(&certs.ca_file, ca_cert.pem()).unwrap();
+        std::fs::write(&certs.cert_file, cert.pem()).unwrap();
+        std::fs::write(&certs.key_file, key.serialize_pem()).unwrap();
+        certs
+    }
+
+    /// The same files, as a TLS cluster of the launcher takes them.
+    pub fn cluster(&self) -> ClusterTls {
+        ClusterTls {
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            ca_file: self.ca_file.clone(),
+        }
+    }
+
+    /// A redis-rs client of `url` that trusts this CA only.
+    pub fn client(&self, url: &str) -> redis::Client {
+        let certs = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(std::fs::read(&self.ca_file).unwrap()),
+        };
+        redis::Client::build_with_tls(url, certs).unwrap()
+    }
+}
+
+/// A redis-server in `dir` that listens only on a TLS port (`--port 0`),
+/// with `certs`, killed on drop; and its `rediss://127.0.0.1:PORT` URL.
+/// Returns once it answers PING over TLS.
+pub async fn tls_only_server(certs: &Certs, dir: &Path) -> (launcher::RedisServer, String) {
+    let port = launcher::free_port().unwrap();
+    let server = Launch::new()
+        .dir(dir)
+        .listen(Listen::Port(port))
+        .config("port", "0")
+        .config("tls-port", port.to_string())
+        .config("tls-cert-file", &certs.cert_file)
+        .config("tls-key-file", &certs.key_file)
+        .config("tls-ca-cert-file", &certs.ca_file)
+        .config("tls-auth-clients", "no")
+        .config("appendonly", "no")
+        .spawn()
+        .unwrap();
+    let url = format!("rediss://127.0.0.1:{port}");
+    let client = certs.client(&url);
+    eventually("the TLS redis-server to answer PING", || {
+        let client = client.clone();
+        async move {
+            let mut con = client.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut con)
+                .await
+                .ok()
+        }
+    })
+    .await;
+    (server, url)
+}
