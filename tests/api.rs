@@ -527,6 +527,7 @@ async fn bad_arguments_name_the_field() {
 /// Batcher service, so grpcurl works without proto files.
 #[tokio::test]
 async fn health_and_reflection_are_served() {
+    use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_reflection::pb::v1::ServerReflectionRequest;
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
@@ -538,22 +539,7 @@ async fn health_and_reflection_are_served() {
         .connect()
         .await
         .unwrap();
-    let health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-    support::eventually("health to report SERVING", || {
-        let mut health = health.clone();
-        async move {
-            let resp = health
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: "batcher.v1.Batcher".into(),
-                })
-                .await
-                .ok()?;
-            (resp.into_inner().status
-                == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
-                .then_some(())
-        }
-    })
-    .await;
+    support::wait_health(service.addr, ServingStatus::Serving).await;
 
     let mut reflection = ServerReflectionClient::new(channel);
     let request = ServerReflectionRequest {

@@ -17,8 +17,9 @@ use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use support::cluster::{self, Cluster, ClusterNode, node_id, wait_all_flushed};
 use support::load::{Load, Placement, Tally, placement};
-use support::{DEADLINE, Service, all_batches, eventually, store};
+use support::{DEADLINE, Service, all_batches, eventually, store, wait_health};
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 /// One fault test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -80,6 +81,8 @@ async fn failover_round(
         .wait_healthy(0, DEADLINE)
         .unwrap_or_else(|e| panic!("{e}"));
     let failover = killed.elapsed();
+    // Every shard has a master again, so health is SERVING, node down or not.
+    wait_health(service.addr, ServingStatus::Serving).await;
     eprintln!(
         "round {prefix}: killed {}, masters now {:?}",
         cluster.nodes()[victim].port(),

@@ -13,10 +13,11 @@ use batcher::pb::batcher_client::BatcherClient;
 use rand::{Rng, SeedableRng};
 use support::{
     Process, RedisServer, Service, add, all_batches, config, eventually, next_batch, placements,
-    store,
+    store, wait_health,
 };
 use tonic::Code;
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 /// A (key, item id) pair.
 type ItemRef = (String, Vec<u8>);
@@ -32,8 +33,9 @@ async fn open_groups(client: &mut BatcherClient<Channel>) -> usize {
         .unwrap_or(usize::MAX)
 }
 
-/// With Redis down calls fail fast with UNAVAILABLE; when it returns the
-/// service works again by itself and the sweeper flushes what fell due.
+/// With Redis down calls fail fast with UNAVAILABLE and health reports
+/// NOT_SERVING; when it returns the service works again by itself, health
+/// reports SERVING, and the sweeper flushes what fell due.
 #[tokio::test]
 async fn redis_outage_is_unavailable_then_recovers() {
     let mut redis = RedisServer::start();
@@ -69,6 +71,7 @@ max_wait = "500ms"
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
+    wait_health(service.addr, ServingStatus::NotServing).await;
 
     // Let the group fall due while Redis is down (Redis's clock is this host's).
     eventually("the group to fall due", || {
@@ -90,6 +93,7 @@ max_wait = "500ms"
         async move { client.add(add("k2", "after", b"")).await.ok() }
     })
     .await;
+    wait_health(service.addr, ServingStatus::Serving).await;
     service.stop().await;
 }
 

@@ -171,10 +171,18 @@ impl Store {
         self.connector.dedicated(self.connect_timeout).await
     }
 
-    /// Checks that Redis answers.
+    /// Checks that Redis answers for every shard: on a cluster, that the
+    /// master of each shard's slot does (a `PING` would go to every node, and
+    /// fail for a replica the service does not need).
     pub async fn ping(&self) -> Result<()> {
-        let mut conn = self.conn.clone();
-        redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        let checks = (0..self.keys.shards()).map(|shard| async move {
+            let mut conn = self.conn.clone();
+            redis::cmd("EXISTS")
+                .arg(self.keys.shard(shard).due)
+                .query_async::<()>(&mut conn)
+                .await
+        });
+        futures::future::try_join_all(checks).await?;
         Ok(())
     }
 

@@ -109,6 +109,26 @@ where
     }
 }
 
+/// Waits until the standard health service reports `want` for the Batcher
+/// service at `addr`.
+pub async fn wait_health(
+    addr: SocketAddr,
+    want: tonic_health::pb::health_check_response::ServingStatus,
+) {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let channel = Channel::from_shared(format!("http://{addr}")).unwrap();
+    let health = HealthClient::new(channel.connect_lazy());
+    eventually(&format!("health to report {want:?}"), || {
+        let mut health = health.clone();
+        async move {
+            let service = "batcher.v1.Batcher".to_owned();
+            let resp = health.check(HealthCheckRequest { service }).await.ok()?;
+            (resp.into_inner().status == want as i32).then_some(())
+        }
+    })
+    .await;
+}
+
 /// Builds an AddRequest.
 pub fn add(key: &str, id: &str, payload: &[u8]) -> pb::AddRequest {
     pb::AddRequest {
