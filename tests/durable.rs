@@ -82,7 +82,7 @@ fn redis_conn(redis: &RedisServer) -> redis::Connection {
 }
 
 fn stream(shard: u16) -> String {
-    format!("{{batcher:{shard}}}:batches")
+    support::stream_key(shard)
 }
 
 /// The batches a consumer group holds unacked over the 4 test shards, by

@@ -109,6 +109,11 @@ where
     }
 }
 
+/// The stream of `shard` under the default prefix and the tests' 4 shards.
+pub fn stream_key(shard: u16) -> String {
+    Keyspace::new("batcher", 4).shard(shard).stream
+}
+
 /// Waits until the standard health service reports `want` for the Batcher
 /// service at `addr`.
 pub async fn wait_health(
@@ -325,7 +330,7 @@ pub async fn wait_for_calls(redis: &RedisServer, commands: &[&str], more: u64) {
 pub fn stream_len(redis: &RedisServer) -> usize {
     (0..4)
         .map(|shard| {
-            let out = redis.cli(&["XLEN", &format!("{{batcher:{shard}}}:batches")]);
+            let out = redis.cli(&["XLEN", &stream_key(shard)]);
             out.parse::<usize>()
                 .unwrap_or_else(|_| panic!("XLEN answered {out:?}"))
         })
