@@ -35,7 +35,7 @@ pub const MASTERS: usize = 3;
 /// Redis Cluster's slot count.
 const SLOTS: u32 = 16384;
 /// The shard counts whose spread over the masters the report gives.
-pub const SHARD_COUNTS: [u16; 7] = [16, 32, 64, 128, 256, 512, 1024];
+pub const SHARD_COUNTS: [u16; 8] = [16, 32, 48, 64, 128, 256, 512, 1024];
 /// The largest max/min share ratio that counts as an even spread.
 pub const EVEN: f64 = 1.2;
 
