@@ -5,10 +5,12 @@
 //! # Layout
 //! - `config`: the TOML config file: its tables, defaults, validation and error messages.
 //! - `policy`: flush policies, key globs, and the reloadable table every task reads.
-//! - `keys`: Redis key names, shards and hash tags; the only place that formats them.
+//! - `keys`: Redis key names, shards and hash tags (spread over the cluster
+//!   slots); the only place that formats them.
 //! - `scripts`: the Lua scripts, one per atomic operation.
 //! - `batch`: items, batches and groups, the domain types, and the table of flush reasons.
-//! - `store`: every script call and every Redis read and write, including the
+//! - `store`: every script call and every Redis read and write, on one Redis or
+//!   a Redis Cluster (with `WAIT` for replicas when asked), including the
 //!   subscribers' blocking stream reads on their dedicated connections; replies
 //!   are decoded into our types by `FromRedisValue`.
 //! - `sweeper`: flushes groups whose wait window has passed.
@@ -16,7 +18,8 @@
 //!   and durable ones (consumers of a consumer group).
 //! - `service`: the gRPC API, validation, and the mapping of errors to status codes.
 //! - `embedded`: runs and supervises a `redis-server` child when no URL is configured;
-//!   its `launcher` starts every `redis-server` child (embedded mode, bench, tests).
+//!   its `launcher` starts every `redis-server` child and local clusters
+//!   (embedded mode, bench, tests).
 //! - `server`: wires it all together and serves until shutdown.
 
 pub mod batch;
