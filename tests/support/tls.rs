@@ -79,11 +79,7 @@ pub async fn tls_only_server(certs: &Certs, dir: &Path) -> (launcher::RedisServe
         .dir(dir)
         .listen(Listen::Port(port))
         .config("port", "0")
-        .config("tls-port", port.to_string())
-        .config("tls-cert-file", &certs.cert_file)
-        .config("tls-key-file", &certs.key_file)
-        .config("tls-ca-cert-file", &certs.ca_file)
-        .config("tls-auth-clients", "no")
+        .tls(port, &certs.cert_file, &certs.key_file, &certs.ca_file)
         .config("appendonly", "no")
         .spawn()
         .unwrap();

@@ -397,11 +397,7 @@ fn secure(mut launch: Launch, options: &ClusterOptions, tls_port: Option<u16>) -
     }
     if let (Some(tls), Some(port)) = (&options.tls, tls_port) {
         launch = launch
-            .config("tls-port", port.to_string())
-            .config("tls-cert-file", &tls.cert_file)
-            .config("tls-key-file", &tls.key_file)
-            .config("tls-ca-cert-file", &tls.ca_file)
-            .config("tls-auth-clients", "no")
+            .tls(port, &tls.cert_file, &tls.key_file, &tls.ca_file)
             .config("tls-cluster", "yes")
             .config("tls-replication", "yes");
     }

@@ -181,6 +181,22 @@ impl Launch {
         self.config("requirepass", password)
     }
 
+    /// Serves TLS on `port` with this certificate, key and CA, without
+    /// asking clients for certificates.
+    pub fn tls(
+        self,
+        port: u16,
+        cert: impl AsRef<OsStr>,
+        key: impl AsRef<OsStr>,
+        ca: impl AsRef<OsStr>,
+    ) -> Self {
+        self.config("tls-port", port.to_string())
+            .config("tls-cert-file", cert)
+            .config("tls-key-file", key)
+            .config("tls-ca-cert-file", ca)
+            .config("tls-auth-clients", "no")
+    }
+
     /// Adds one raw command-line argument, after all the others.
     pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
         self.args.push(arg.as_ref().to_owned());
