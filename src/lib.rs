@@ -16,7 +16,8 @@
 //! - `sweeper`: flushes groups whose wait window has passed.
 //! - `subscribers`: live subscriptions (shard tails fanned out to subscribers)
 //!   and durable ones (consumers of a consumer group).
-//! - `service`: the gRPC API, validation, and the mapping of errors to status codes.
+//! - `service`: the gRPC API: handlers, request checks, protobuf conversions, and
+//!   the mapping of errors to status codes with AIP-193 error details.
 //! - `embedded`: runs and supervises a `redis-server` child when no URL is configured;
 //!   its `launcher` starts every `redis-server` child and local clusters
 //!   (embedded mode, bench, tests).

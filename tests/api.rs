@@ -462,8 +462,8 @@ max_wait = "20m"
     service.stop().await;
 }
 
-/// A bad add is INVALID_ARGUMENT naming the field, and nothing is written
-/// for it; AddMany is all or nothing.
+/// A bad add is INVALID_ARGUMENT naming the field in its message and error
+/// details, and nothing is written for it; AddMany is all or nothing.
 #[tokio::test]
 async fn bad_adds_are_rejected_and_nothing_is_written() {
     let (redis, service, mut client) = setup().await;
@@ -484,10 +484,14 @@ async fn bad_adds_are_rejected_and_nothing_is_written() {
         assert_invalid(&client.add(req).await.unwrap_err(), field);
     }
     let many = pb::AddManyRequest {
-        items: vec![add("k", "ok", b""), add("k", "", b"")],
+        items: vec![add("k", "ok", b""), add("k", "", b""), add("", "b", b"")],
     };
     let status = client.add_many(many).await.unwrap_err();
     assert_invalid(&status, "items[1].item.id");
+    // Every bad item is named, one violation each (AIP-193 BadRequest).
+    let bad = tonic_types::StatusExt::get_details_bad_request(&status).unwrap();
+    let fields: Vec<_> = bad.field_violations.iter().map(|v| &v.field).collect();
+    assert_eq!(fields, ["items[1].item.id", "items[2].key"]);
     assert_eq!(redis.cli(&["DBSIZE"]), "0", "nothing was written");
     service.stop().await;
 }

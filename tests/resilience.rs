@@ -12,8 +12,8 @@ use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use rand::{Rng, SeedableRng};
 use support::{
-    Process, RedisServer, Service, add, all_batches, config, eventually, next_batch, placements,
-    store, wait_health,
+    Process, RedisServer, Service, add, all_batches, assert_error_info, config, eventually,
+    next_batch, placements, store, wait_health,
 };
 use tonic::Code;
 use tonic::transport::Channel;
@@ -61,6 +61,7 @@ max_wait = "500ms"
     let started = Instant::now();
     let status = client.add(add("k", "during", b"")).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_error_info(&status, "REDIS_UNAVAILABLE");
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "took {:?}",

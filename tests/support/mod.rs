@@ -274,9 +274,12 @@ pub fn free_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// Asserts that `status` is INVALID_ARGUMENT with a message naming `field`.
+/// Asserts that `status` is INVALID_ARGUMENT with a message naming `field`,
+/// an `ErrorInfo` (reason INVALID_FIELD, domain batcher) and a `BadRequest`
+/// whose first violation is `field`.
 #[track_caller]
 pub fn assert_invalid(status: &tonic::Status, field: &str) {
+    use tonic_types::StatusExt;
     assert_eq!(
         status.code(),
         tonic::Code::InvalidArgument,
@@ -287,6 +290,24 @@ pub fn assert_invalid(status: &tonic::Status, field: &str) {
         "expected a message naming {field}: {}",
         status.message()
     );
+    assert_error_info(status, "INVALID_FIELD");
+    let bad = status
+        .get_details_bad_request()
+        .expect("a BadRequest detail");
+    assert_eq!(bad.field_violations[0].field, field, "{bad:?}");
+}
+
+/// Asserts that `status` carries a `google.rpc.ErrorInfo` with `reason` in
+/// the `batcher` domain, and returns its metadata.
+#[track_caller]
+pub fn assert_error_info(status: &tonic::Status, reason: &str) -> HashMap<String, String> {
+    use tonic_types::StatusExt;
+    let info = status
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("no ErrorInfo in {status:?}"));
+    assert_eq!(info.reason, reason, "{status:?}");
+    assert_eq!(info.domain, "batcher", "{status:?}");
+    info.metadata
 }
 
 /// How many times Redis has run the named commands successfully so far

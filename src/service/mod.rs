@@ -1,21 +1,30 @@
-//! The gRPC API: request validation, the mapping between protobuf and domain
-//! types, and the one place that decides gRPC status codes.
+//! The gRPC API: the `batcher.v1.Batcher` handlers. Request validation is
+//! in `checks`, the mapping between protobuf and domain types in `convert`,
+//! and the one place that decides gRPC status codes (with AIP-193 error
+//! details) in `errors`.
+
+mod checks;
+mod convert;
+pub mod errors;
 
 use std::collections::HashSet;
 use std::pin::Pin;
-use std::time::Duration;
 
-use bytesize::ByteSize;
 use tokio_stream::Stream;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use self::checks::{check_size, page_limit, page_token, parse_page_token};
+pub use self::convert::batch_to_pb;
+use self::convert::{add_response, group_to_pb};
+pub use self::errors::Error;
+use self::errors::invalid;
 use crate::batch::{self, FlushReason, Group};
 use crate::config::{Limits, SubscriptionsConfig};
 use crate::pb;
 use crate::policy::PolicyHandle;
-use crate::store::{AddOutcome, AddResult, NewItem, Store, StoreError};
+use crate::store::{NewItem, Store, StoreError};
 use crate::subscribers::{Cursor, Delivery, Durable, Filter, Hub};
 use crate::sweeper::SweeperHandle;
 
@@ -23,45 +32,6 @@ use crate::sweeper::SweeperHandle;
 pub const MAX_LIST_LIMIT: u32 = 1000;
 /// ListGroups page size when the request leaves it 0.
 pub const DEFAULT_LIST_LIMIT: u32 = 100;
-
-/// Errors of the service layer.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A request field is invalid; nothing was written.
-    #[error("{field}: {message}")]
-    InvalidArgument { field: String, message: String },
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-fn invalid(field: impl Into<String>, message: impl Into<String>) -> Error {
-    Error::InvalidArgument {
-        field: field.into(),
-        message: message.into(),
-    }
-}
-
-impl From<Error> for Status {
-    fn from(err: Error) -> Status {
-        match err {
-            Error::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
-            Error::Store(StoreError::Unavailable(e)) => {
-                Status::unavailable(format!("redis unavailable: {e}"))
-            }
-            Error::Store(e) => {
-                tracing::error!(%e, "internal error");
-                Status::internal(e.to_string())
-            }
-        }
-    }
-}
-
-/// Lets handlers `?` a store call; the conversion of [`Error`] above decides the code.
-impl From<StoreError> for Status {
-    fn from(err: StoreError) -> Status {
-        Error::from(err).into()
-    }
-}
 
 /// The `batcher.v1.Batcher` service.
 #[derive(Clone)]
@@ -94,35 +64,6 @@ impl BatcherService {
             sweeper,
             hub,
         }
-    }
-
-    fn check_name(&self, field: &str, name: &str) -> Result<(), Error> {
-        let ok = !name.is_empty()
-            && name.len() <= MAX_NAME_BYTES
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
-        if ok {
-            Ok(())
-        } else {
-            Err(invalid(
-                field,
-                format!("must be 1 to {MAX_NAME_BYTES} of A-Z a-z 0-9 _ - ."),
-            ))
-        }
-    }
-
-    /// Parses batch ids of this service's shards.
-    fn batch_ids(&self, ids: &[String]) -> Result<Vec<(u16, batch::StreamId)>, Error> {
-        let shards = self.store.keyspace().shards();
-        ids.iter()
-            .enumerate()
-            .map(|(i, id)| {
-                batch::Batch::parse_id(id)
-                    .filter(|(shard, _)| *shard < shards)
-                    .ok_or_else(|| invalid(format!("batch_ids[{i}]"), "is not a batch id"))
-            })
-            .collect()
     }
 
     /// Creates or joins a consumer group; returns the group's filter.
@@ -159,24 +100,6 @@ impl BatcherService {
         Ok(defined)
     }
 
-    fn check_key(&self, field: &str, key: &str) -> Result<(), Error> {
-        check_required_size(field, key.len(), self.limits.max_key_bytes)
-    }
-
-    fn check_id(&self, field: &str, id: &[u8]) -> Result<(), Error> {
-        check_required_size(field, id.len(), self.limits.max_item_id_bytes)
-    }
-
-    /// Checks the consumer group an Ack or Redrive names, and parses its batch ids.
-    fn group_batch_ids(
-        &self,
-        group: &str,
-        ids: &[String],
-    ) -> Result<Vec<(u16, batch::StreamId)>, Error> {
-        self.check_name("consumer_group", group)?;
-        self.batch_ids(ids)
-    }
-
     /// Validates one add and resolves its key's policy. `field` prefixes the
     /// names in error messages (`items[3].` in AddMany).
     fn new_item(&self, field: &str, req: pb::AddRequest) -> Result<NewItem, Error> {
@@ -201,6 +124,12 @@ impl BatcherService {
         })
     }
 
+    /// An open group for the wire, with the policy its key resolves to now.
+    fn group_pb(&self, group: Group) -> pb::Group {
+        let policy = self.policies.current().resolve(&group.key);
+        group_to_pb(group, &policy)
+    }
+
     async fn add_items(&self, items: Vec<NewItem>) -> Result<Vec<pb::AddResponse>, Error> {
         let report = self.store.add(items).await?;
         for (shard, due) in report.opened {
@@ -208,122 +137,6 @@ impl BatcherService {
         }
         Ok(report.results.into_iter().map(add_response).collect())
     }
-}
-
-/// Refuses a value of `len` bytes when that is more than `limit`.
-fn check_size(field: &str, len: usize, limit: ByteSize) -> Result<(), Error> {
-    if len as u64 > limit.as_u64() {
-        return Err(invalid(
-            field,
-            format!("is {len} bytes, more than the limit of {}", limit.as_u64()),
-        ));
-    }
-    Ok(())
-}
-
-/// Refuses an empty value, or one of more than `limit` bytes.
-fn check_required_size(field: &str, len: usize, limit: ByteSize) -> Result<(), Error> {
-    if len == 0 {
-        return Err(invalid(field, "must not be empty"));
-    }
-    check_size(field, len, limit)
-}
-
-fn add_response(result: AddResult) -> pb::AddResponse {
-    pb::AddResponse {
-        outcome: match result.outcome {
-            AddOutcome::Added => pb::AddOutcome::Added,
-            AddOutcome::Duplicate => pb::AddOutcome::Duplicate,
-        } as i32,
-        group_size: result.group_size,
-        flushed: result.flushed.map(|b| batch_to_pb(&b, String::new(), 0)),
-    }
-}
-
-fn timestamp(ms: u64) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: (ms / 1000) as i64,
-        nanos: ((ms % 1000) * 1_000_000) as i32,
-    }
-}
-
-fn duration(d: Duration) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: d.as_secs() as i64,
-        nanos: d.subsec_nanos() as i32,
-    }
-}
-
-/// Converts a batch for the wire.
-pub fn batch_to_pb(batch: &batch::Batch, cursor: String, delivery_count: u32) -> pb::Batch {
-    pb::Batch {
-        id: batch.id(),
-        key: batch.key.clone(),
-        items: batch
-            .items
-            .iter()
-            .map(|item| pb::Item {
-                id: item.id.clone(),
-                payload: item.payload.clone(),
-            })
-            .collect(),
-        reason: match batch.reason {
-            FlushReason::Size => pb::FlushReason::Size,
-            FlushReason::Timeout => pb::FlushReason::Timeout,
-            FlushReason::Bytes => pb::FlushReason::Bytes,
-            FlushReason::Manual => pb::FlushReason::Manual,
-        } as i32,
-        opened_at: Some(timestamp(batch.opened_at_ms)),
-        flushed_at: Some(timestamp(batch.flushed_at_ms)),
-        cursor,
-        delivery_count,
-    }
-}
-
-impl BatcherService {
-    fn group_to_pb(&self, group: Group) -> pb::Group {
-        let policy = self.policies.current().resolve(&group.key);
-        pb::Group {
-            size: group.size,
-            bytes: group.bytes,
-            opened_at: Some(timestamp(group.opened_at_ms)),
-            due_at: Some(timestamp(group.due_at_ms)),
-            max_items: policy.max_items,
-            max_wait: Some(duration(group.max_wait())),
-            max_bytes: policy.max_bytes.unwrap_or(0),
-            items: group
-                .items
-                .into_iter()
-                .map(|item| pb::Item {
-                    id: item.id,
-                    payload: item.payload,
-                })
-                .collect(),
-            key: group.key,
-        }
-    }
-}
-
-/// A listing's page size: 0 means the default; more than the maximum is refused.
-fn page_limit(limit: u32) -> Result<usize, Error> {
-    match limit {
-        0 => Ok(DEFAULT_LIST_LIMIT as usize),
-        n if n > MAX_LIST_LIMIT => Err(invalid(
-            "limit",
-            format!("must be at most {MAX_LIST_LIMIT}"),
-        )),
-        n => Ok(n as usize),
-    }
-}
-
-/// Encodes a ListGroups position as a page token.
-fn page_token(due: u64, key: &str) -> String {
-    format!("{due}:{key}")
-}
-
-fn parse_page_token(token: &str) -> Option<(u64, String)> {
-    let (due, key) = token.split_once(':')?;
-    Some((due.parse().ok()?, key.to_owned()))
 }
 
 type BatchStream = Pin<Box<dyn Stream<Item = Result<pb::Batch, Status>> + Send>>;
@@ -355,12 +168,19 @@ impl pb::batcher_server::Batcher for BatcherService {
             )
             .into());
         }
-        // Validate everything before writing anything.
-        let items = requests
-            .into_iter()
-            .enumerate()
-            .map(|(i, req)| self.new_item(&format!("items[{i}]."), req))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Validate everything before writing anything, and name every bad item.
+        let mut items = Vec::with_capacity(requests.len());
+        let mut violations = Vec::new();
+        for (i, req) in requests.into_iter().enumerate() {
+            match self.new_item(&format!("items[{i}]."), req) {
+                Ok(item) => items.push(item),
+                Err(Error::InvalidArgument(bad)) => violations.extend(bad),
+                Err(err) => return Err(err.into()),
+            }
+        }
+        if !violations.is_empty() {
+            return Err(Error::InvalidArgument(violations).into());
+        }
         let results = if items.is_empty() {
             Vec::new()
         } else {
@@ -410,7 +230,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         self.check_key("key", &req.key)?;
         let group = self.store.group(&req.key).await?;
         Ok(Response::new(pb::GetGroupResponse {
-            group: group.map(|g| self.group_to_pb(g)),
+            group: group.map(|g| self.group_pb(g)),
         }))
     }
 
@@ -436,7 +256,7 @@ impl pb::batcher_server::Batcher for BatcherService {
             .list_groups(limit, after.as_ref(), &req.key_prefix)
             .await?;
         Ok(Response::new(pb::ListGroupsResponse {
-            groups: groups.into_iter().map(|g| self.group_to_pb(g)).collect(),
+            groups: groups.into_iter().map(|g| self.group_pb(g)).collect(),
             next_page_token: next
                 .map(|(due, key)| page_token(due, &key))
                 .unwrap_or_default(),

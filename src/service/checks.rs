@@ -1,0 +1,98 @@
+//! Validation of request fields that no protobuf type expresses; every
+//! refusal names the field.
+
+use bytesize::ByteSize;
+
+use super::errors::{Error, invalid};
+use super::{BatcherService, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, MAX_NAME_BYTES};
+use crate::batch;
+
+impl BatcherService {
+    pub(super) fn check_name(&self, field: &str, name: &str) -> Result<(), Error> {
+        let ok = !name.is_empty()
+            && name.len() <= MAX_NAME_BYTES
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+        if ok {
+            Ok(())
+        } else {
+            Err(invalid(
+                field,
+                format!("must be 1 to {MAX_NAME_BYTES} of A-Z a-z 0-9 _ - ."),
+            ))
+        }
+    }
+
+    /// Parses batch ids of this service's shards.
+    pub(super) fn batch_ids(&self, ids: &[String]) -> Result<Vec<(u16, batch::StreamId)>, Error> {
+        let shards = self.store.keyspace().shards();
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| {
+                batch::Batch::parse_id(id)
+                    .filter(|(shard, _)| *shard < shards)
+                    .ok_or_else(|| invalid(format!("batch_ids[{i}]"), "is not a batch id"))
+            })
+            .collect()
+    }
+
+    pub(super) fn check_key(&self, field: &str, key: &str) -> Result<(), Error> {
+        check_required_size(field, key.len(), self.limits.max_key_bytes)
+    }
+
+    pub(super) fn check_id(&self, field: &str, id: &[u8]) -> Result<(), Error> {
+        check_required_size(field, id.len(), self.limits.max_item_id_bytes)
+    }
+
+    /// Checks the consumer group an Ack or Redrive names, and parses its batch ids.
+    pub(super) fn group_batch_ids(
+        &self,
+        group: &str,
+        ids: &[String],
+    ) -> Result<Vec<(u16, batch::StreamId)>, Error> {
+        self.check_name("consumer_group", group)?;
+        self.batch_ids(ids)
+    }
+}
+
+/// Refuses a value of `len` bytes when that is more than `limit`.
+pub(super) fn check_size(field: &str, len: usize, limit: ByteSize) -> Result<(), Error> {
+    if len as u64 > limit.as_u64() {
+        return Err(invalid(
+            field,
+            format!("is {len} bytes, more than the limit of {}", limit.as_u64()),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses an empty value, or one of more than `limit` bytes.
+pub(super) fn check_required_size(field: &str, len: usize, limit: ByteSize) -> Result<(), Error> {
+    if len == 0 {
+        return Err(invalid(field, "must not be empty"));
+    }
+    check_size(field, len, limit)
+}
+
+/// A listing's page size: 0 means the default; more than the maximum is refused.
+pub(super) fn page_limit(limit: u32) -> Result<usize, Error> {
+    match limit {
+        0 => Ok(DEFAULT_LIST_LIMIT as usize),
+        n if n > MAX_LIST_LIMIT => Err(invalid(
+            "limit",
+            format!("must be at most {MAX_LIST_LIMIT}"),
+        )),
+        n => Ok(n as usize),
+    }
+}
+
+/// Encodes a ListGroups position as a page token.
+pub(super) fn page_token(due: u64, key: &str) -> String {
+    format!("{due}:{key}")
+}
+
+pub(super) fn parse_page_token(token: &str) -> Option<(u64, String)> {
+    let (due, key) = token.split_once(':')?;
+    Some((due.parse().ok()?, key.to_owned()))
+}
