@@ -30,6 +30,7 @@
 //! ```
 
 pub mod error;
+pub mod guard;
 #[cfg(test)]
 mod tests;
 pub mod validate;
@@ -45,6 +46,7 @@ use bytesize::ByteSize;
 use serde::Deserialize;
 
 pub use self::error::ConfigError;
+pub use self::guard::{AuthConfig, HttpConfig, LogConfig, LogFormat, Role, TlsConfig, TokenConfig};
 pub use self::validate::Violation;
 use crate::policy::{Policies, Policy};
 
@@ -97,6 +99,15 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: ByteSize = ByteSize::kib(64);
 pub const DEFAULT_LIMIT_MAX_ITEMS: NonZeroU32 = nz32(10_000);
 /// Default `[limits] max_add_many`.
 pub const DEFAULT_MAX_ADD_MANY: NonZeroUsize = nzsize(10_000);
+
+/// Default `[limits] max_subscribers`.
+pub const DEFAULT_MAX_SUBSCRIBERS: NonZeroUsize = nzsize(10_000);
+/// Default `[limits] max_message_bytes` (64 MiB: an AddMany of many items).
+pub const DEFAULT_MAX_MESSAGE_BYTES: ByteSize = ByteSize::mib(64);
+/// Default `[limits] max_queued_adds`, per shard.
+pub const DEFAULT_MAX_QUEUED_ADDS: NonZeroUsize = nzsize(20_000);
+/// Default `[subscriptions] max_unacked`, per durable consumer.
+pub const DEFAULT_MAX_UNACKED: NonZeroU32 = nz32(64);
 
 /// Default `[dedup] window` (10 minutes).
 pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(10 * 60);
@@ -158,6 +169,14 @@ pub struct Config {
     /// drain before it cuts them off.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// TLS on the gRPC port; plaintext without this table.
+    pub tls: Option<TlsConfig>,
+    /// Bearer tokens with roles and key scopes; auth is off without this table.
+    pub auth: Option<AuthConfig>,
+    /// The HTTP listener of `GET /metrics`.
+    pub http: HttpConfig,
+    /// The format of log lines.
+    pub log: LogConfig,
 }
 
 impl Default for Config {
@@ -172,6 +191,10 @@ impl Default for Config {
             sweeper: SweeperConfig::default(),
             subscriptions: SubscriptionsConfig::default(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            tls: None,
+            auth: None,
+            http: HttpConfig::default(),
+            log: LogConfig::default(),
         }
     }
 }
@@ -229,6 +252,10 @@ pub struct RedisConfig {
     /// certificate, for `rediss://` URLs (a relative path is taken from the
     /// working directory). Without it, the public web PKI roots are trusted.
     pub tls_ca_file: Option<PathBuf>,
+    /// A file holding the Redis password (one line; a trailing newline is
+    /// dropped), so it need not sit in the URL. Used for `url` and every
+    /// `cluster_nodes` entry that carries no password of its own.
+    pub password_file: Option<PathBuf>,
     /// Embedded mode only: where the embedded server keeps its AOF/RDB files,
     /// so that state survives restarts.
     pub data_dir: PathBuf,
@@ -262,6 +289,7 @@ impl Default for RedisConfig {
             wait_replicas: 0,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
             tls_ca_file: None,
+            password_file: None,
             data_dir: PathBuf::from(DEFAULT_REDIS_DATA_DIR),
             prefix: DEFAULT_REDIS_PREFIX.to_owned(),
             shards: DEFAULT_REDIS_SHARDS,
@@ -357,6 +385,13 @@ pub struct Limits {
     pub max_items: NonZeroU32,
     /// Most items in one AddMany call: bounds one request's script run time.
     pub max_add_many: NonZeroUsize,
+    /// Most subscribers (live and durable) one instance serves at once.
+    pub max_subscribers: NonZeroUsize,
+    /// Largest gRPC request message the server decodes.
+    pub max_message_bytes: ByteSize,
+    /// Most adds waiting in one shard's queue; a full queue fails new adds
+    /// at once with RESOURCE_EXHAUSTED.
+    pub max_queued_adds: NonZeroUsize,
 }
 
 impl Default for Limits {
@@ -367,6 +402,9 @@ impl Default for Limits {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             max_items: DEFAULT_LIMIT_MAX_ITEMS,
             max_add_many: DEFAULT_MAX_ADD_MANY,
+            max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_queued_adds: DEFAULT_MAX_QUEUED_ADDS,
         }
     }
 }
@@ -434,6 +472,10 @@ pub struct SubscriptionsConfig {
     /// How often each shard's stream is trimmed to `retention`.
     #[serde(with = "humantime_serde")]
     pub trim_every: Duration,
+    /// Prefetch limit of a durable consumer, in batches: its next batches
+    /// are read from Redis only while it holds fewer than this many unacked,
+    /// so `ack_timeout` starts when a batch is close to the consumer.
+    pub max_unacked: NonZeroU32,
 }
 
 impl Default for SubscriptionsConfig {
@@ -444,6 +486,7 @@ impl Default for SubscriptionsConfig {
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             max_deliveries: DEFAULT_MAX_DELIVERIES,
             trim_every: DEFAULT_TRIM_EVERY,
+            max_unacked: DEFAULT_MAX_UNACKED,
         }
     }
 }

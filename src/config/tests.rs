@@ -164,6 +164,7 @@ trim_every = "10s"
             max_payload_bytes: ByteSize::b(65536),
             max_items: nz(500),
             max_add_many: NonZeroUsize::new(50).unwrap(),
+            ..Limits::default()
         }
     );
     assert_eq!(c.dedup.window, Duration::from_secs(5400));

@@ -56,7 +56,8 @@ pub(super) fn check(config: &Config) -> Result<(), Violation> {
     limits(&config.limits)?;
     redis(&config.redis)?;
     durations(config)?;
-    policies(config)
+    policies(config)?;
+    super::guard::check(config)
 }
 
 /// `[limits]` byte fields are within what Redis and the key layout allow.
