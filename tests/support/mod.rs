@@ -172,6 +172,7 @@ pub fn store(config: &Config) -> Store {
             .tls_ca_file
             .as_ref()
             .map(|f| std::fs::read(f).unwrap()),
+        password: None,
     };
     Store::open(
         &target,
