@@ -338,15 +338,21 @@ where
     }
 }
 
-/// Logs a warning when auth is off and `listen` is not a loopback address:
-/// anyone who can reach the port may then add, flush and read every key.
-pub fn warn_if_open(auth: &Auth, listen: std::net::SocketAddr) {
-    if !auth.is_on() && !listen.ip().is_loopback() {
+/// Logs a warning when `listen` is not a loopback address and auth is off
+/// (anyone who can reach the port may then add, flush and read every key),
+/// or tokens travel without TLS.
+pub fn warn_if_open(auth: &Auth, tls: bool, listen: std::net::SocketAddr) {
+    if listen.ip().is_loopback() {
+        return;
+    }
+    if !auth.is_on() {
         tracing::warn!(
             %listen,
             "auth is off ([auth] is not configured) and the port is not on loopback: \
              anyone who can reach it may call every method"
         );
+    } else if !tls {
+        tracing::warn!(%listen, "tokens cross the network in clear text: configure [tls]");
     }
 }
 

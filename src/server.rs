@@ -74,7 +74,7 @@ pub async fn run(
         auth: Auth::new(config.auth.as_ref()),
     };
     if let Ok(addr) = listener.local_addr() {
-        auth::warn_if_open(&edge.auth, addr);
+        auth::warn_if_open(&edge.auth, edge.tls.is_some(), addr);
     }
     let embedded = match (&config.redis.url, config.redis.cluster_nodes.is_empty()) {
         (None, true) => Some(
