@@ -147,14 +147,10 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, Server
             None => None,
         },
         password: match &r.password_file {
-            Some(path) => {
-                Some(
-                    read_password(path).map_err(|reason| ServerError::PasswordFile {
-                        path: path.clone(),
-                        reason,
-                    })?,
-                )
-            }
+            Some(path) => Some(read_password(path).map_err(|reason| {
+                let path = path.clone();
+                ServerError::PasswordFile { path, reason }
+            })?),
             None => None,
         },
     };
@@ -217,7 +213,11 @@ fn read_tls_ca(path: &std::path::Path) -> Result<Vec<u8>, String> {
 fn read_password(path: &std::path::Path) -> Result<Password, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot be read: {e}"))?;
     let text = text.strip_suffix('\n').unwrap_or(&text);
-    Ok(Password::new(text.strip_suffix('\r').unwrap_or(text)))
+    let text = text.strip_suffix('\r').unwrap_or(text);
+    match text.is_empty() {
+        true => Err("is empty".to_owned()),
+        false => Ok(Password::new(text)),
+    }
 }
 
 /// Starts the sweeper, the subscription hub and (with a config file) the
