@@ -21,8 +21,12 @@
 //! - `embedded`: runs and supervises a `redis-server` child when no URL is configured;
 //!   its `launcher` starts every `redis-server` child and local clusters
 //!   (embedded mode, bench, tests).
+//! - `tls`: TLS on the gRPC port (mutual TLS as an option), certificates
+//!   reloaded on SIGHUP.
+//! - `auth`: bearer tokens with roles and key scopes, guarding the Batcher service.
 //! - `server`: wires it all together and serves until shutdown.
 
+pub mod auth;
 pub mod batch;
 pub mod config;
 pub mod embedded;
@@ -34,6 +38,7 @@ pub mod service;
 pub mod store;
 pub mod subscribers;
 pub mod sweeper;
+pub mod tls;
 
 /// Generated protobuf and gRPC types; they stop at the `service` layer.
 pub mod pb {

@@ -3,19 +3,22 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use futures::future::Either;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::server::{Router, TcpIncoming};
 
+use crate::auth::{self, Auth};
 use crate::config::{Config, ConfigError};
 use crate::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedRedis};
 use crate::keys::Keyspace;
 use crate::pb::batcher_server::BatcherServer;
 use crate::policy::PolicyHandle;
 use crate::service::BatcherService;
-use crate::store::{Endpoint, RedisTarget, Store, StoreError, Timeouts, WaitReplicas};
+use crate::store::{Endpoint, Password, RedisTarget, Store, StoreError, Timeouts, WaitReplicas};
 use crate::subscribers::Hub;
+use crate::tls::{self, Tls, TlsError};
 use crate::{pb, sweeper};
 
 /// How often the health service re-checks Redis.
@@ -37,6 +40,21 @@ pub enum ServerError {
     /// `[redis] tls_ca_file` cannot be read, or holds no PEM certificate.
     #[error("[redis] tls_ca_file {}: {reason}", path.display())]
     TlsCa { path: PathBuf, reason: String },
+    /// `[redis] password_file` cannot be read.
+    #[error("[redis] password_file {}: {reason}", path.display())]
+    PasswordFile { path: PathBuf, reason: String },
+    /// A `[tls]` file is missing or bad.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// The guard rails at the edge of the gRPC port, shared by the server and
+/// the SIGHUP reloader.
+#[derive(Clone)]
+struct Edge {
+    /// `None`: the port is plaintext.
+    tls: Option<Tls>,
+    auth: Auth,
 }
 
 /// Serves the batcher API on `listener` until `shutdown` is cancelled.
@@ -50,6 +68,14 @@ pub async fn run(
     reload_from: Option<PathBuf>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
+    // A bad [tls] file stops the start before anything else is started.
+    let edge = Edge {
+        tls: config.tls.as_ref().map(Tls::load).transpose()?,
+        auth: Auth::new(config.auth.as_ref()),
+    };
+    if let Ok(addr) = listener.local_addr() {
+        auth::warn_if_open(&edge.auth, edge.tls.is_some(), addr);
+    }
     let embedded = match (&config.redis.url, config.redis.cluster_nodes.is_empty()) {
         (None, true) => Some(
             EmbeddedRedis::start(EmbeddedOptions {
@@ -66,7 +92,7 @@ pub async fn run(
         (None, Some(embedded)) => Endpoint::Single(embedded.url().to_owned()),
         (None, None) => Endpoint::Cluster(config.redis.cluster_nodes.clone()),
     };
-    let result = serve(listener, &config, endpoint, reload_from, shutdown).await;
+    let result = serve(listener, &config, endpoint, edge, reload_from, shutdown).await;
     if let Some(embedded) = embedded {
         embedded.stop().await;
     }
@@ -79,6 +105,7 @@ async fn serve(
     listener: TcpListener,
     config: &Config,
     endpoint: Endpoint,
+    edge: Edge,
     reload_from: Option<PathBuf>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
@@ -87,9 +114,10 @@ async fn serve(
     // server has stopped taking requests.
     let tasks = CancellationToken::new();
     let tracker = TaskTracker::new();
-    let service = start_service(store.clone(), config, reload_from, &tracker, &tasks);
-    let router = routes(service, store, &tracker, &tasks)?;
-    let served = serve_until(router, listener, &shutdown, &tasks, config.shutdown_grace).await;
+    let service = start_service(store.clone(), config, reload_from, &edge, &tracker, &tasks);
+    let router = routes(service, store, &edge.auth, &tracker, &tasks)?;
+    let grace = config.shutdown_grace;
+    let served = serve_until(router, listener, edge.tls, &shutdown, &tasks, grace).await;
     stop_background(tasks, tracker, config.shutdown_grace).await;
     served?;
     Ok(())
@@ -115,6 +143,13 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, Server
             Some(path) => Some(read_tls_ca(path).map_err(|reason| ServerError::TlsCa {
                 path: path.clone(),
                 reason,
+            })?),
+            None => None,
+        },
+        password: match &r.password_file {
+            Some(path) => Some(read_password(path).map_err(|reason| {
+                let path = path.clone();
+                ServerError::PasswordFile { path, reason }
             })?),
             None => None,
         },
@@ -174,12 +209,24 @@ fn read_tls_ca(path: &std::path::Path) -> Result<Vec<u8>, String> {
     Ok(pem)
 }
 
+/// The password in `path`, without one trailing newline.
+fn read_password(path: &std::path::Path) -> Result<Password, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    let text = text.strip_suffix('\r').unwrap_or(text);
+    match text.is_empty() {
+        true => Err("is empty".to_owned()),
+        false => Ok(Password::new(text)),
+    }
+}
+
 /// Starts the sweeper, the subscription hub and (with a config file) the
 /// SIGHUP reloader on `tracker`, and returns the API service that uses them.
 fn start_service(
     store: Store,
     config: &Config,
     reload_from: Option<PathBuf>,
+    edge: &Edge,
     tracker: &TaskTracker,
     tasks: &CancellationToken,
 ) -> BatcherService {
@@ -199,7 +246,8 @@ fn start_service(
         tasks.clone(),
     );
     if let Some(path) = reload_from {
-        tracker.spawn(reload_on_sighup(path, policies.clone(), tasks.clone()));
+        let reload = reload_on_sighup(path, policies.clone(), edge.clone(), tasks.clone());
+        tracker.spawn(reload);
     }
     BatcherService::new(
         store,
@@ -212,10 +260,11 @@ fn start_service(
 }
 
 /// The gRPC routes: health (kept up to date by a task on `tracker`), server
-/// reflection, and the batcher API.
+/// reflection, and the batcher API, which alone needs a token.
 fn routes(
     service: BatcherService,
     store: Store,
+    auth: &Auth,
     tracker: &TaskTracker,
     tasks: &CancellationToken,
 ) -> Result<Router, tonic_reflection::server::Error> {
@@ -234,15 +283,16 @@ fn routes(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(BatcherServer::new(service)))
+        .add_service(auth.guard(BatcherServer::new(service))))
 }
 
-/// Serves `router` on `listener` until `shutdown`. When shutdown starts it
+/// Serves `router` on `listener` (over TLS with `tls`) until `shutdown`. When shutdown starts it
 /// cancels `tasks`, which ends the subscription streams; clients that still
 /// hold a connection after `grace` are cut off.
 async fn serve_until(
     router: Router,
     listener: TcpListener,
+    tls: Option<Tls>,
     shutdown: &CancellationToken,
     tasks: &CancellationToken,
     grace: Duration,
@@ -258,11 +308,16 @@ async fn serve_until(
             tasks.cancel();
         }
     };
-    let server = router.serve_with_incoming_shutdown(
+    let server = match tls {
+        Some(tls) => {
+            Either::Left(router.serve_with_incoming_shutdown(tls.incoming(listener), stop_streams))
+        }
         // No Nagle: a small reply must not wait for the peer's delayed ACK.
-        TcpIncoming::from(listener).with_nodelay(Some(true)),
-        stop_streams,
-    );
+        None => Either::Right(router.serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stop_streams,
+        )),
+    };
     // Graceful shutdown waits for clients to hang up; one that never does
     // must not hold the process past the grace period.
     let deadline = async {
@@ -314,9 +369,14 @@ async fn watch_health(
     }
 }
 
-/// Re-reads the config file on SIGHUP and swaps in its policies. A bad file
-/// is logged and the policies in force stay.
-async fn reload_on_sighup(path: PathBuf, policies: PolicyHandle, shutdown: CancellationToken) {
+/// Re-reads the config file on SIGHUP and swaps in its policies, TLS
+/// certificates and tokens. A bad file is logged and what is in force stays.
+async fn reload_on_sighup(
+    path: PathBuf,
+    policies: PolicyHandle,
+    edge: Edge,
+    shutdown: CancellationToken,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangups = match signal(SignalKind::hangup()) {
         Ok(s) => s,
@@ -333,10 +393,12 @@ async fn reload_on_sighup(path: PathBuf, policies: PolicyHandle, shutdown: Cance
         match Config::load(&path) {
             Ok(config) => {
                 policies.replace(config.policies());
+                tls::reload(edge.tls.as_ref(), config.tls.as_ref());
+                edge.auth.reload(config.auth.as_ref());
                 tracing::info!(path = %path.display(), "config reloaded");
             }
             Err(err) => {
-                tracing::error!(%err, "config reload failed; keeping the policies in force")
+                tracing::error!(%err, "config reload failed; keeping the config in force")
             }
         }
     }

@@ -1,5 +1,6 @@
 //! Credentials and TLS to Redis, on real redis-servers: a password or an ACL
-//! user in `url` and in every `cluster_nodes` entry, `rediss://` with
+//! user in `url` and in every `cluster_nodes` entry, or from
+//! `password_file`, `rediss://` with
 //! `tls_ca_file` on a TLS-only Redis and on a TLS cluster, and the errors a
 //! wrong password or a wrong CA give.
 
@@ -12,7 +13,6 @@ use batcher::embedded::launcher::{Cluster, ClusterOptions, Launch};
 use batcher::pb;
 use support::tls::{Certs, tls_only_server};
 use support::{Process, Service, add, eventually, next_batch};
-use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 /// The password of the test servers' `default` user.
@@ -120,6 +120,35 @@ async fn password_and_acl_user_in_url() {
     }
 }
 
+/// `[redis] password_file` gives the password to a URL that carries none
+/// (its trailing newline is not part of it); a missing file stops the start,
+/// naming it.
+#[tokio::test]
+async fn password_file_for_a_url_without_one() {
+    let launch = Launch::new().password(PASSWORD).config("appendonly", "no");
+    let redis = launch.start().unwrap();
+    let url = format!("redis://127.0.0.1:{}", redis.port().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let file = password_file(dir.path());
+    exercise(single(&url, &file)).await;
+    let missing = dir.path().join("missing.pass");
+    let line = format!("password_file = \"{}\"", missing.display());
+    let msg = support::start_error(single(&url, &line)).await;
+    let want = format!(
+        "[redis] password_file {}: cannot be read",
+        missing.display()
+    );
+    assert!(msg.contains(&want), "{msg}");
+}
+
+/// Writes PASSWORD and a newline to a file in `dir`; returns the
+/// `password_file` line naming it.
+fn password_file(dir: &Path) -> String {
+    let file = dir.join("redis.pass");
+    std::fs::write(&file, format!("{PASSWORD}\n")).unwrap();
+    format!("password_file = \"{}\"", file.display())
+}
+
 /// The service binary, run with config `text` whose credentials Redis
 /// refuses, starts and says so in its start-up warning, with no password.
 async fn warns_auth_failed(text: &str) {
@@ -153,7 +182,7 @@ async fn rediss_url_with_tls_ca_file() {
     assert_eq!(untrusted.code(), Code::Unavailable, "{untrusted:?}");
 
     let missing = dir.path().join("missing.pem");
-    let msg = start_error(single(
+    let msg = support::start_error(single(
         &url,
         &format!("tls_ca_file = \"{}\"", missing.display()),
     ))
@@ -161,7 +190,7 @@ async fn rediss_url_with_tls_ca_file() {
     let want = format!("[redis] tls_ca_file {}: cannot be read", missing.display());
     assert!(msg.contains(&want), "{msg}");
     let not_pem = &certs.key_file;
-    let msg = start_error(single(
+    let msg = support::start_error(single(
         &url,
         &format!("tls_ca_file = \"{}\"", not_pem.display()),
     ))
@@ -171,17 +200,6 @@ async fn rediss_url_with_tls_ca_file() {
         not_pem.display()
     );
     assert!(msg.contains(&want), "{msg}");
-}
-
-/// The error that stops the service from starting on `config`.
-async fn start_error(config: Config) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let run = batcher::server::run(listener, config, None, CancellationToken::new());
-    let result = tokio::time::timeout(support::DEADLINE, run).await;
-    result
-        .expect("the start did not fail in time")
-        .unwrap_err()
-        .to_string()
 }
 
 /// A 3-master cluster (no replicas), with `password` and `tls` if given.
@@ -210,6 +228,15 @@ async fn password_in_cluster_nodes() {
     let urls = cluster.urls();
     assert!(urls.iter().all(|u| u.contains(PASSWORD)), "{urls:?}");
     exercise(over_cluster(&urls, "")).await;
+    // The same nodes without the password in their URLs, and password_file;
+    // its own prefix, as the first run's items are within the dedup window.
+    let bare: Vec<String> = urls
+        .iter()
+        .map(|u| u.replace(&format!(":{PASSWORD}@"), ""))
+        .collect();
+    assert!(bare.iter().all(|u| !u.contains(PASSWORD)), "{bare:?}");
+    let file = password_file(dir.path());
+    exercise(support::cluster::config(&bare, "file", DEFAULTS, &file)).await;
     let wrong: Vec<String> = urls
         .iter()
         .map(|u| u.replace(PASSWORD, "wrong-pass"))

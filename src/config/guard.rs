@@ -121,7 +121,137 @@ pub enum LogFormat {
     Json,
 }
 
-/// Checks the rules of these tables that no type expresses.
-pub(super) fn check(_config: &Config) -> Result<(), Violation> {
+/// Checks the rules of these tables that no type expresses. The `[tls]`
+/// files are not read here: start-up reads them, and names a bad one.
+pub(super) fn check(config: &Config) -> Result<(), Violation> {
+    if let Some(auth) = &config.auth {
+        tokens(&auth.tokens)?;
+    }
+    let r = &config.redis;
+    if r.password_file.is_some() && r.url.is_none() && r.cluster_nodes.is_empty() {
+        return Err(violation(
+            &["redis", "password_file"],
+            "needs url or cluster_nodes: the embedded redis-server has no password".to_owned(),
+        ));
+    }
     Ok(())
+}
+
+/// `[[auth.tokens]]`: at least one; each with a unique name and digest, a
+/// 64-hex-digit sha256, a role, and no empty key prefix.
+fn tokens(tokens: &[TokenConfig]) -> Result<(), Violation> {
+    let at = |field: &str| ["auth", "tokens", field].map(str::to_owned);
+    if tokens.is_empty() {
+        return Err(violation(
+            &at("")[..2],
+            "[auth] has no [[auth.tokens]]: add one, or remove the [auth] table to turn auth off"
+                .to_owned(),
+        ));
+    }
+    for (i, token) in tokens.iter().enumerate() {
+        let name = &token.name;
+        let bad = if name.is_empty() {
+            Some(("name", "must not be empty".to_owned()))
+        } else if tokens[..i].iter().any(|t| t.name == *name) {
+            Some(("name", format!("{name:?} is the name of an earlier token")))
+        } else if token.sha256.len() != 64 || !token.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let hint = "64 hex digits, as `printf %s \"$TOKEN\" | sha256sum` prints";
+            Some(("sha256", format!("of token {name:?} must be {hint}")))
+        } else if tokens[..i]
+            .iter()
+            .any(|t| t.sha256.eq_ignore_ascii_case(&token.sha256))
+        {
+            Some((
+                "sha256",
+                format!("of token {name:?} is that of an earlier token"),
+            ))
+        } else if token.roles.is_empty() {
+            let roles = "produce, consume, read or admin";
+            Some((
+                "roles",
+                format!("of token {name:?} must name at least one of {roles}"),
+            ))
+        } else if token.key_prefixes.iter().any(String::is_empty) {
+            let why = "an empty prefix matches every key (leave key_prefixes out for that)";
+            Some((
+                "key_prefixes",
+                format!("of token {name:?} holds \"\": {why}"),
+            ))
+        } else {
+            None
+        };
+        if let Some((field, message)) = bad {
+            return Err(violation(&at(field), message));
+        }
+    }
+    Ok(())
+}
+
+fn violation(path: &[impl AsRef<str>], message: String) -> Violation {
+    Violation {
+        path: path.iter().map(|s| s.as_ref().to_owned()).collect(),
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+
+    const DIGEST: &str = "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b";
+
+    /// The error of config `text`, or `None` when it loads.
+    fn error(text: &str) -> Option<String> {
+        Config::parse(text, "t.toml").err().map(|e| e.to_string())
+    }
+
+    fn token(name: &str, sha256: &str, rest: &str) -> String {
+        format!("[[auth.tokens]]\nname = \"{name}\"\nsha256 = \"{sha256}\"\n{rest}\n")
+    }
+
+    #[test]
+    fn tokens_are_checked() {
+        let roles = "roles = [\"read\"]";
+        let good = token("a", DIGEST, roles);
+        assert_eq!(error(&good), None);
+        let other = DIGEST.replace('2', "3");
+        assert_eq!(error(&format!("{good}{}", token("b", &other, roles))), None);
+        for (text, want) in [
+            (
+                "[auth]\n".to_owned(),
+                "remove the [auth] table to turn auth off",
+            ),
+            (
+                token("a", "abc", roles),
+                "sha256: of token \"a\" must be 64 hex digits",
+            ),
+            (
+                token("a", &DIGEST.replace('2', "g"), roles),
+                "must be 64 hex digits",
+            ),
+            (
+                token("a", DIGEST, "roles = []"),
+                "roles: of token \"a\" must name at least one",
+            ),
+            (
+                format!("{good}{}", token("a", &other, roles)),
+                "is the name of an earlier token",
+            ),
+            (
+                format!("{good}{}", token("b", DIGEST, roles)),
+                "is that of an earlier token",
+            ),
+            (
+                token("a", DIGEST, "roles = [\"read\"]\nkey_prefixes = [\"\"]"),
+                "empty prefix",
+            ),
+            (
+                "[redis]\npassword_file = \"p\"\n".to_owned(),
+                "needs url or cluster_nodes",
+            ),
+        ] {
+            let err = error(&text).unwrap_or_else(|| panic!("{text} loads"));
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
 }

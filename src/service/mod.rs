@@ -20,6 +20,7 @@ pub use self::convert::batch_to_pb;
 use self::convert::{add_response, group_to_pb};
 pub use self::errors::Error;
 use self::errors::invalid;
+use crate::auth::Caller;
 use crate::batch::{self, FlushReason, Group};
 use crate::config::{Limits, SubscriptionsConfig};
 use crate::pb;
@@ -71,6 +72,7 @@ impl BatcherService {
         &self,
         req: &pb::SubscribeRequest,
         filter: Filter,
+        caller: &Caller,
     ) -> Result<Filter, Error> {
         self.check_name("consumer_group", &req.consumer_group)?;
         self.check_name("consumer", &req.consumer)?;
@@ -84,13 +86,18 @@ impl BatcherService {
             Some(definition) => definition,
             None => {
                 self.store
-                    .create_consumer_group(&req.consumer_group, &filter.encode(), req.after == "0")
+                    .create_consumer_group(
+                        &req.consumer_group,
+                        &caller.narrow(filter.clone()).encode(),
+                        req.after == "0",
+                    )
                     .await?
             }
         };
         let defined = Filter::decode(&definition).ok_or_else(|| {
             StoreError::Decode(batch::DecodeError("consumer group definition".into()))
         })?;
+        caller.check_stored_filter(&req.consumer_group, &defined)?;
         if !filter.is_empty() && filter.encode() != defined.encode() {
             return Err(invalid(
                 "keys",
@@ -147,6 +154,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::AddRequest>,
     ) -> Result<Response<pb::AddResponse>, Status> {
+        Caller::of(&request).check_key(&request.get_ref().key)?;
         let item = self.new_item("", request.into_inner())?;
         let mut results = self.add_items(vec![item]).await?;
         Ok(Response::new(results.pop().unwrap_or_default()))
@@ -156,6 +164,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::AddManyRequest>,
     ) -> Result<Response<pb::AddManyResponse>, Status> {
+        let caller = Caller::of(&request);
         let requests = request.into_inner().items;
         if requests.len() > self.limits.max_add_many.get() {
             return Err(invalid(
@@ -168,6 +177,8 @@ impl pb::batcher_server::Batcher for BatcherService {
             )
             .into());
         }
+        // Every key in scope, or nothing is written.
+        caller.check_keys(requests.iter().map(|r| r.key.as_str()))?;
         // Validate everything before writing anything, and name every bad item.
         let mut items = Vec::with_capacity(requests.len());
         let mut violations = Vec::new();
@@ -193,6 +204,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::RemoveRequest>,
     ) -> Result<Response<pb::RemoveResponse>, Status> {
+        Caller::of(&request).check_key(&request.get_ref().key)?;
         let req = request.into_inner();
         self.check_key("key", &req.key)?;
         self.check_id("item_id", &req.item_id)?;
@@ -207,6 +219,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::FlushRequest>,
     ) -> Result<Response<pb::FlushResponse>, Status> {
+        Caller::of(&request).check_key(&request.get_ref().key)?;
         let req = request.into_inner();
         self.check_key("key", &req.key)?;
         let batches: Vec<pb::Batch> = self
@@ -226,6 +239,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::GetGroupRequest>,
     ) -> Result<Response<pb::GetGroupResponse>, Status> {
+        Caller::of(&request).check_key(&request.get_ref().key)?;
         let req = request.into_inner();
         self.check_key("key", &req.key)?;
         let group = self.store.group(&req.key).await?;
@@ -238,6 +252,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::ListGroupsRequest>,
     ) -> Result<Response<pb::ListGroupsResponse>, Status> {
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         let limit = page_limit(req.limit)?;
         let after = if req.page_token.is_empty() {
@@ -251,9 +266,10 @@ impl pb::batcher_server::Batcher for BatcherService {
         if req.key_prefix.len() as u64 > self.limits.max_key_bytes.as_u64() {
             return Err(invalid("key_prefix", "is longer than the longest key").into());
         }
+        let prefixes = caller.list_prefixes(&req.key_prefix)?;
         let (groups, next) = self
             .store
-            .list_groups(limit, after.as_ref(), &req.key_prefix)
+            .list_groups(limit, after.as_ref(), &prefixes)
             .await?;
         Ok(Response::new(pb::ListGroupsResponse {
             groups: groups.into_iter().map(|g| self.group_pb(g)).collect(),
@@ -269,6 +285,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<BatchStream>, Status> {
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         for (i, key) in req.keys.iter().enumerate() {
             self.check_key(&format!("keys[{i}]"), key)?;
@@ -280,8 +297,9 @@ impl pb::batcher_server::Batcher for BatcherService {
             keys: req.keys.iter().cloned().collect::<HashSet<_>>(),
             prefixes: req.key_prefixes.clone(),
         };
+        caller.check_filter(&filter)?;
         let deliveries = if !req.consumer_group.is_empty() || !req.consumer.is_empty() {
-            let filter = self.join_group(&req, filter).await?;
+            let filter = self.join_group(&req, filter, &caller).await?;
             let durable = Durable {
                 group: req.consumer_group,
                 consumer: req.consumer,
@@ -308,7 +326,7 @@ impl pb::batcher_server::Batcher for BatcherService {
                     cursor
                 }
             };
-            self.hub.subscribe(from, filter)
+            self.hub.subscribe(from, caller.narrow(filter))
         };
         let stream = ReceiverStream::new(deliveries)
             .map(|d: Delivery| Ok(batch_to_pb(&d.batch, d.cursor, d.delivery_count)));
@@ -319,8 +337,10 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::AckRequest>,
     ) -> Result<Response<pb::AckResponse>, Status> {
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         let ids = self.group_batch_ids(&req.consumer_group, &req.batch_ids)?;
+        caller.check_group(&self.store, &req.consumer_group).await?;
         let acked = self.store.ack(&req.consumer_group, &ids).await?;
         Ok(Response::new(pb::AckResponse { acked }))
     }
@@ -329,8 +349,10 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::ListDeadLettersRequest>,
     ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         self.check_name("consumer_group", &req.consumer_group)?;
+        caller.check_group(&self.store, &req.consumer_group).await?;
         let limit = page_limit(req.limit)?;
         let batches = self.store.dead_letters(&req.consumer_group, limit).await?;
         Ok(Response::new(pb::ListDeadLettersResponse {
@@ -345,8 +367,10 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         let ids = self.group_batch_ids(&req.consumer_group, &req.batch_ids)?;
+        caller.check_group(&self.store, &req.consumer_group).await?;
         let redriven = self.store.redrive(&req.consumer_group, &ids).await?;
         Ok(Response::new(pb::RedriveResponse { redriven }))
     }

@@ -8,7 +8,8 @@
 //! sends commands one by one (the multiplexed connection pipelines
 //! concurrent ones by itself), so redis-rs routes and redirects each.
 //!
-//! Credentials come in the URLs; a `rediss://` URL connects over TLS
+//! Credentials come in the URLs, or the password from `[redis]
+//! password_file` for the URLs that carry none; a `rediss://` URL connects over TLS
 //! (rustls), verifying the server against the configured root CA, or else
 //! the public web PKI roots.
 //!
@@ -24,8 +25,8 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind,
-    TlsCertificates, Value,
+    Cmd, ConnectionInfo, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError,
+    RedisFuture, ServerErrorKind, TlsCertificates, Value,
 };
 
 use super::Result;
@@ -65,8 +66,26 @@ pub struct RedisTarget {
     pub wait: Option<WaitReplicas>,
     /// PEM root certificate(s) that `rediss://` connections verify the
     /// server's certificate against; `None`: the public web PKI roots.
-    /// Credentials need no field: they are in the URLs.
     pub tls_ca: Option<Vec<u8>>,
+    /// The password for every URL that carries none of its own (from
+    /// `[redis] password_file`); `None`: the URLs say it all.
+    pub password: Option<Password>,
+}
+
+/// A Redis password; its `Debug` form does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl Password {
+    pub fn new(password: impl Into<String>) -> Password {
+        Password(password.into())
+    }
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Password(<hidden>)")
+    }
 }
 
 impl RedisTarget {
@@ -85,7 +104,21 @@ impl RedisTarget {
             timeouts,
             wait: None,
             tls_ca: None,
+            password: None,
         }
+    }
+
+    /// `url` as redis-rs connection info, with [`RedisTarget::password`]
+    /// when the URL carries no password of its own.
+    fn connection_info(&self, url: &str) -> Result<ConnectionInfo> {
+        let info = url.into_connection_info()?;
+        Ok(match &self.password {
+            Some(Password(password)) if info.redis_settings().password().is_none() => {
+                let redis = info.redis_settings().clone().set_password(password);
+                info.set_redis_settings(redis)
+            }
+            _ => info,
+        })
     }
 }
 
@@ -155,8 +188,7 @@ impl Connector {
         let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
         Ok(match &target.endpoint {
             Endpoint::Single(url) => {
-                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?
-                    .set_tcp_settings(tcp);
+                let info = target.connection_info(url)?.set_tcp_settings(tcp);
                 Connector::Single(Box::new(match target.certificates() {
                     Some(certs) => redis::Client::build_with_tls(info, certs)?,
                     None => redis::Client::open(info)?,
@@ -165,7 +197,8 @@ impl Connector {
             Endpoint::Cluster(nodes) => {
                 // The first node's user, password and TLS mode hold for
                 // every node (the config checks that all the seeds agree).
-                let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+                let nodes = nodes.iter().map(|url| target.connection_info(url));
+                let mut builder = ClusterClientBuilder::new(nodes.collect::<Result<Vec<_>>>()?)
                     .tcp_settings(tcp)
                     .connection_timeout(target.timeouts.connect)
                     .response_timeout(target.timeouts.response)

@@ -120,18 +120,18 @@ impl Store {
     }
 
     /// Lists open groups soonest-due first, after `after`, whose key starts
-    /// with `prefix`. Returns the page and the position to continue from, if
+    /// with one of `prefixes` (`[""]`: every key). Returns the page and the position to continue from, if
     /// there may be more. Scans a bounded number of entries per shard, so a
     /// rare prefix can yield a short (even empty) page with a continuation.
     pub async fn list_groups(
         &self,
         limit: usize,
         after: Option<&GroupPos>,
-        prefix: &str,
+        prefixes: &[String],
     ) -> Result<(Vec<Group>, Option<GroupPos>)> {
         const SCAN_BUDGET: usize = 4096;
         let scans = (0..self.keys.shards())
-            .map(|shard| self.scan_due(shard, limit, after, prefix, SCAN_BUDGET));
+            .map(|shard| self.scan_due(shard, limit, after, prefixes, SCAN_BUDGET));
         let scans = try_join_all(scans).await?;
 
         // A shard that ran out of budget was read only up to its last position:
@@ -189,14 +189,14 @@ impl Store {
     }
 
     /// Reads up to `limit` (due, key) entries of one shard after `after`
-    /// matching `prefix`, scanning at most `budget` entries. Also returns the
+    /// matching one of `prefixes`, scanning at most `budget` entries. Also returns the
     /// last position scanned when the budget ran out first.
     async fn scan_due(
         &self,
         shard: u16,
         limit: usize,
         after: Option<&GroupPos>,
-        prefix: &str,
+        prefixes: &[String],
         budget: usize,
     ) -> Result<ShardScan> {
         let due_key = self.keys.shard(shard).due;
@@ -225,7 +225,7 @@ impl Store {
                 if after.is_some_and(|a| pos <= *a) {
                     continue;
                 }
-                if pos.1.starts_with(prefix) {
+                if prefixes.iter().any(|p| pos.1.starts_with(p.as_str())) {
                     found.push(pos.clone());
                 }
                 last = Some(pos);

@@ -40,7 +40,7 @@ use crate::policy::PolicyHandle;
 
 pub use add::{AddOutcome, AddReport, AddResult, NewItem};
 pub use add_args::AddArgs;
-pub use conn::{Conn, Endpoint, RedisTarget, Timeouts, WaitReplicas};
+pub use conn::{Conn, Endpoint, Password, RedisTarget, Timeouts, WaitReplicas};
 pub use groups::{DueScan, GroupPos};
 
 use add::{AddJob, AddWriter};

@@ -81,6 +81,17 @@ impl Service {
     }
 }
 
+/// The error that stops the service from starting on `config`.
+pub async fn start_error(config: Config) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let run = batcher::server::run(listener, config, None, CancellationToken::new());
+    let result = tokio::time::timeout(DEADLINE, run).await;
+    result
+        .expect("the start did not fail in time")
+        .unwrap_err()
+        .to_string()
+}
+
 /// A client connected to `addr`, retrying until the server listens.
 pub async fn client(addr: SocketAddr) -> BatcherClient<Channel> {
     let url = format!("http://{addr}");
@@ -172,6 +183,7 @@ pub fn store(config: &Config) -> Store {
             .tls_ca_file
             .as_ref()
             .map(|f| std::fs::read(f).unwrap()),
+        password: None,
     };
     Store::open(
         &target,
@@ -224,6 +236,14 @@ impl Process {
     /// Starts `batcher serve --config <path>` on a free port and waits until it
     /// accepts gRPC connections.
     pub async fn start(config_path: &Path, log_dir: &Path) -> Process {
+        let process = Process::spawn(config_path, log_dir);
+        client(process.addr).await;
+        process
+    }
+
+    /// Starts `batcher serve --config <path>` on a free port, without waiting
+    /// for it (a TLS port needs a client of its own to tell when it is up).
+    pub fn spawn(config_path: &Path, log_dir: &Path) -> Process {
         let addr = free_addr();
         let log = log_dir.join(format!("batcher-{}.log", addr.port()));
         let out = std::fs::File::create(&log).expect("log file");
@@ -238,9 +258,7 @@ impl Process {
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn batcher");
-        let process = Process { child, addr, log };
-        client(addr).await;
-        process
+        Process { child, addr, log }
     }
 
     /// Sends a signal to the process.

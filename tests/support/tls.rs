@@ -1,12 +1,15 @@
 //! TLS for tests: a throw-away CA and a server certificate for 127.0.0.1,
-//! made with rcgen into a test's own dir, and a real redis-server that
-//! speaks only TLS.
+//! made with rcgen into a test's own dir, client certificates the CA signs,
+//! and a real redis-server that speaks only TLS.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
 use batcher::embedded::launcher::{self, ClusterTls, Launch, Listen};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 
 use super::eventually;
 
@@ -18,6 +21,8 @@ pub struct Certs {
     pub cert_file: PathBuf,
     /// The server's private key.
     pub key_file: PathBuf,
+    /// What signs client certificates: the CA's parameters and key (PEM).
+    ca: (CertificateParams, String),
 }
 
 impl Certs {
@@ -30,6 +35,7 @@ impl Certs {
             .push(DnType::CommonName, "batcher test CA");
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let ca_kept = (ca.clone(), ca_key.serialize_pem());
         let issuer = Issuer::new(ca, ca_key);
 
         let key = KeyPair::generate().unwrap();
@@ -44,11 +50,23 @@ impl Certs {
             ca_file: dir.join("ca.pem"),
             cert_file: dir.join("redis.pem"),
             key_file: dir.join("redis.key"),
+            ca: ca_kept,
         };
         std::fs::write(&certs.ca_file, ca_cert.pem()).unwrap();
         std::fs::write(&certs.cert_file, cert.pem()).unwrap();
         std::fs::write(&certs.key_file, key.serialize_pem()).unwrap();
         certs
+    }
+
+    /// A client certificate signed by this CA, as PEM (certificate, key).
+    pub fn client_pem(&self, name: &str) -> (String, String) {
+        let issuer = Issuer::new(self.ca.0.clone(), KeyPair::from_pem(&self.ca.1).unwrap());
+        let key = KeyPair::generate().unwrap();
+        let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+        client.distinguished_name.push(DnType::CommonName, name);
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = client.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
     }
 
     /// The same files, as a TLS cluster of the launcher takes them.
