@@ -83,6 +83,8 @@ struct Progress {
     held: usize,
     /// Whether batches may have been released since the last count.
     stale: bool,
+    /// When to look at every shard and count again without being told to.
+    next_poll: Instant,
 }
 
 /// What became of a batch handed to [`DurableSubscriber::deliver`].
@@ -107,13 +109,13 @@ impl DurableSubscriber {
         // A reconnecting consumer first gets back what it held unacked.
         let mut own_first = true;
         let mut next_claim = Instant::now();
-        let mut next_poll = Instant::now() + POLL;
         // Unknown at first: counted before the first read.
         let mut progress = Progress {
             dirty: vec![true; usize::from(self.store.keyspace().shards())],
             start: 0,
             held: limit,
             stale: true,
+            next_poll: Instant::now() + POLL,
         };
         loop {
             // Wait for room in the queue before taking batches off the group.
@@ -160,23 +162,14 @@ impl DurableSubscriber {
             }
             // Nothing to read, or no room: wait for a tail to announce a
             // batch, a release, the next claim, or the poll bound.
-            let wake = next_claim.min(next_poll);
             let full = progress.held >= limit;
-            let waited = self.wait(&mut live, &mut released, full, &mut progress, wake);
+            let waited = self.wait(&mut live, &mut released, full, &mut progress, next_claim);
             if !tokio::select! {
                 _ = shutdown.cancelled() => false,
                 _ = self.tx.closed() => false,
                 open = waited => open,
             } {
                 return;
-            }
-            if Instant::now() >= next_poll {
-                // The safety net: look at every shard now and then even if no
-                // announcement came (one may have been missed while Redis was
-                // away), and count again (acks through other instances).
-                progress.dirty.fill(true);
-                progress.stale = true;
-                next_poll = Instant::now() + POLL;
             }
         }
     }
@@ -204,18 +197,20 @@ impl DurableSubscriber {
         true
     }
 
-    /// Waits until `wake`, until a tail announces a batch, or (when `full`)
-    /// until the group releases batches, and marks the shards of every
-    /// announcement queued by then as dirty (all of them if some were
-    /// missed). Returns false when the subscription must end.
+    /// Waits until `next_claim` or the poll bound, until a tail announces a
+    /// batch, or (when `full`) until the group releases batches, and marks
+    /// the shards of every announcement queued by then as dirty (all of them
+    /// if some were missed, or at the poll bound). Returns false when the
+    /// subscription must end.
     async fn wait(
         &self,
         live: &mut broadcast::Receiver<Arc<Batch>>,
         released: &mut watch::Receiver<()>,
         full: bool,
         progress: &mut Progress,
-        wake: Instant,
+        next_claim: Instant,
     ) -> bool {
+        let wake = next_claim.min(progress.next_poll);
         let dirty = &mut progress.dirty;
         let mut mark = |next: Result<Arc<Batch>, broadcast::error::RecvError>| match next {
             Ok(batch) => {
@@ -251,9 +246,18 @@ impl DurableSubscriber {
                 Err(broadcast::error::TryRecvError::Lagged(_)) => {
                     mark(Err(broadcast::error::RecvError::Lagged(0)));
                 }
-                Err(_) => return true,
+                Err(_) => break,
             }
         }
+        if Instant::now() >= progress.next_poll {
+            // The safety net: look at every shard now and then even if no
+            // announcement came (one may have been missed while Redis was
+            // away), and count again (acks through other instances).
+            progress.dirty.fill(true);
+            progress.stale = true;
+            progress.next_poll = Instant::now() + POLL;
+        }
+        true
     }
 
     /// Takes over timed-out batches (when `claim` is set), then reads the
