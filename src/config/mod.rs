@@ -474,7 +474,9 @@ pub struct SubscriptionsConfig {
     pub trim_every: Duration,
     /// Prefetch limit of a durable consumer, in batches: its next batches
     /// are read from Redis only while it holds fewer than this many unacked,
-    /// so `ack_timeout` starts when a batch is close to the consumer.
+    /// so `ack_timeout` starts when a batch is close to the consumer. Keep
+    /// `max_unacked` times the consumer's time per batch well below
+    /// `ack_timeout`, or batches time out while they wait in line.
     pub max_unacked: NonZeroU32,
 }
 

@@ -305,6 +305,7 @@ impl pb::batcher_server::Batcher for BatcherService {
                 consumer: req.consumer,
                 ack_timeout: self.subscriptions.ack_timeout,
                 max_deliveries: self.subscriptions.max_deliveries.get(),
+                max_unacked: self.subscriptions.max_unacked.get(),
             };
             self.hub.subscribe_durable(durable, filter)
         } else {
@@ -342,6 +343,9 @@ impl pb::batcher_server::Batcher for BatcherService {
         let ids = self.group_batch_ids(&req.consumer_group, &req.batch_ids)?;
         caller.check_group(&self.store, &req.consumer_group).await?;
         let acked = self.store.ack(&req.consumer_group, &ids).await?;
+        if acked > 0 {
+            self.hub.acked(&req.consumer_group);
+        }
         Ok(Response::new(pb::AckResponse { acked }))
     }
 

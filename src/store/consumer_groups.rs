@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::future::try_join_all;
 use redis::AsyncTypedCommands;
-use redis::streams::StreamReadOptions;
+use redis::streams::{StreamPendingReply, StreamReadOptions};
 
 use super::decode::{Claimed, batch_from_entry, batches_from_entries, batches_from_read};
 use super::{Result, Store};
@@ -69,6 +69,27 @@ impl Store {
         let stream = self.keys.shard(shard).stream;
         let reply = conn.xread_options(&[stream], &[">"], &options).await?;
         Ok(batches_from_read(shard, reply)?)
+    }
+
+    /// How many batches `consumer` holds unacked, over every shard: the
+    /// entries of the group's pending lists that it owns. The pending lists
+    /// are the one count every instance agrees on: an ack anywhere and a
+    /// takeover by another consumer both lower it.
+    pub async fn pending_of(&self, group: &str, consumer: &str) -> Result<usize> {
+        let counts = (0..self.keys.shards()).map(|shard| async move {
+            let mut conn = self.conn.clone();
+            let reply = conn.xpending(self.keys.shard(shard).stream, group).await?;
+            Ok::<_, super::StoreError>(match reply {
+                StreamPendingReply::Data(data) => data
+                    .consumers
+                    .iter()
+                    .find(|c| c.name == consumer)
+                    .map_or(0, |c| c.pending),
+                // Empty: nothing pending in this shard.
+                _ => 0,
+            })
+        });
+        Ok(try_join_all(counts).await?.into_iter().sum())
     }
 
     /// Takes over a group's batches that have been pending for at least

@@ -10,8 +10,10 @@
 //!   or the other subscribers.
 //! - Durable (`durable`): one task per consumer of a consumer group. It
 //!   reads the group's new batches when a tail announces one (or at a poll
-//!   bound), never more than its queue has room for, and takes over batches
-//!   that other consumers left unacked too long.
+//!   bound), only while the consumer holds fewer than its prefetch limit
+//!   (`max_unacked`) unacked, so a batch's ack timeout starts close to the
+//!   consumer; an ack (`Hub::acked`) wakes a consumer at its limit. It also
+//!   takes over batches that consumers left unacked too long.
 //!
 //! Every Redis call goes through the store.
 
@@ -29,7 +31,7 @@ use tokio_util::task::TaskTracker;
 use crate::batch::{Batch, StreamId};
 use crate::store::{Store, StoreError};
 
-use durable::DurableSubscriber;
+use durable::{DurableSubscriber, Releases};
 use live::{Subscriber, tail};
 
 /// Batches held for subscribers that are momentarily behind the tails.
@@ -141,6 +143,8 @@ pub struct Durable {
     pub consumer: String,
     pub ack_timeout: Duration,
     pub max_deliveries: u32,
+    /// The prefetch limit: the most batches the consumer holds unacked.
+    pub max_unacked: u32,
 }
 
 /// The fan-out point shared by every subscriber of this instance.
@@ -149,6 +153,7 @@ pub struct Hub {
     store: Store,
     live: broadcast::Sender<Arc<Batch>>,
     buffer: usize,
+    releases: Releases,
     tracker: TaskTracker,
     shutdown: CancellationToken,
 }
@@ -169,6 +174,7 @@ impl Hub {
             store,
             live,
             buffer,
+            releases: Releases::default(),
             tracker: tracker.clone(),
             shutdown,
         }
@@ -206,15 +212,24 @@ impl Hub {
     /// exist); batches arrive on the receiver and stay pending until acked.
     pub fn subscribe_durable(&self, durable: Durable, filter: Filter) -> mpsc::Receiver<Delivery> {
         let (tx, rx) = mpsc::channel(self.buffer);
+        let released = self.releases.watch(&durable.group);
         let subscriber = DurableSubscriber {
             store: self.store.clone(),
             durable,
             filter,
             tx,
+            releases: self.releases.clone(),
         };
+        let live = self.live.subscribe();
         self.tracker
-            .spawn(subscriber.run(self.live.subscribe(), self.shutdown.clone()));
+            .spawn(subscriber.run(live, released, self.shutdown.clone()));
         rx
+    }
+
+    /// Tells this instance's consumers of `group` that some of its batches
+    /// were acked, so those at their prefetch limit count what they hold.
+    pub fn acked(&self, group: &str) {
+        self.releases.release(group);
     }
 }
 
