@@ -21,12 +21,17 @@
 //! - `embedded`: runs and supervises a `redis-server` child when no URL is configured;
 //!   its `launcher` starts every `redis-server` child and local clusters
 //!   (embedded mode, bench, tests).
+//! - `metrics`: the Prometheus families, their recorder and recording
+//!   helpers, the gRPC call counter and the gauges refreshed from Redis.
+//! - `http`: the HTTP listener: `GET /metrics`.
 //! - `server`: wires it all together and serves until shutdown.
 
 pub mod batch;
 pub mod config;
 pub mod embedded;
+pub mod http;
 pub mod keys;
+pub mod metrics;
 pub mod policy;
 pub mod scripts;
 pub mod server;

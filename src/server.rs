@@ -1,4 +1,4 @@
-//! Wires the parts together and serves gRPC until shutdown.
+//! Wires the parts together and serves gRPC (and the HTTP listener) until shutdown.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use crate::policy::PolicyHandle;
 use crate::service::BatcherService;
 use crate::store::{Endpoint, RedisTarget, Store, StoreError, Timeouts, WaitReplicas};
 use crate::subscribers::Hub;
-use crate::{pb, sweeper};
+use crate::{metrics, pb, sweeper};
 
 /// How often the health service re-checks Redis.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
@@ -39,13 +39,16 @@ pub enum ServerError {
     TlsCa { path: PathBuf, reason: String },
 }
 
-/// Serves the batcher API on `listener` until `shutdown` is cancelled.
+/// Serves the batcher API on `listener` until `shutdown` is cancelled, and
+/// `GET /metrics` on `http` (the listener of `[http]`, which the caller
+/// binds, as with `crate::http::bind`; None serves no HTTP).
 ///
 /// With no Redis URL in `config`, it first starts its own `redis-server`
 /// (see `embedded`) and stops it on the way out. `reload_from` names the
 /// config file that SIGHUP re-reads; a bad file is logged and ignored.
 pub async fn run(
     listener: TcpListener,
+    http: Option<TcpListener>,
     config: Config,
     reload_from: Option<PathBuf>,
     shutdown: CancellationToken,
@@ -66,17 +69,19 @@ pub async fn run(
         (None, Some(embedded)) => Endpoint::Single(embedded.url().to_owned()),
         (None, None) => Endpoint::Cluster(config.redis.cluster_nodes.clone()),
     };
-    let result = serve(listener, &config, endpoint, reload_from, shutdown).await;
+    let listeners = (listener, http);
+    let result = serve(listeners, &config, endpoint, reload_from, shutdown).await;
     if let Some(embedded) = embedded {
         embedded.stop().await;
     }
     result
 }
 
-/// Serves with Redis at `endpoint`: starts the background tasks, serves gRPC until
-/// `shutdown`, then stops the background tasks within the grace period.
+/// Serves with Redis at `endpoint`: starts the background tasks, serves gRPC
+/// (and HTTP) on `listeners` until `shutdown`, then stops the background
+/// tasks within the grace period.
 async fn serve(
-    listener: TcpListener,
+    (listener, http): (TcpListener, Option<TcpListener>),
     config: &Config,
     endpoint: Endpoint,
     reload_from: Option<PathBuf>,
@@ -88,6 +93,14 @@ async fn serve(
     let tasks = CancellationToken::new();
     let tracker = TaskTracker::new();
     let service = start_service(store.clone(), config, reload_from, &tracker, &tasks);
+    if let Some(http) = http {
+        tracker.spawn(crate::http::serve(
+            http,
+            crate::http::routes(),
+            tasks.clone(),
+        ));
+        tracker.spawn(metrics::refresh(store.clone(), tasks.clone()));
+    }
     let router = routes(service, store, &tracker, &tasks)?;
     let served = serve_until(router, listener, &shutdown, &tasks, config.shutdown_grace).await;
     stop_background(tasks, tracker, config.shutdown_grace).await;
@@ -234,7 +247,7 @@ fn routes(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(BatcherServer::new(service)))
+        .add_service(metrics::Requests::new(BatcherServer::new(service))))
 }
 
 /// Serves `router` on `listener` until `shutdown`. When shutdown starts it

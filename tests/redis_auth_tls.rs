@@ -176,7 +176,7 @@ async fn rediss_url_with_tls_ca_file() {
 /// The error that stops the service from starting on `config`.
 async fn start_error(config: Config) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let run = batcher::server::run(listener, config, None, CancellationToken::new());
+    let run = batcher::server::run(listener, None, config, None, CancellationToken::new());
     let result = tokio::time::timeout(support::DEADLINE, run).await;
     result
         .expect("the start did not fail in time")

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batch::{Batch, StreamId};
+use crate::metrics::{self, SubscriberMode};
 use crate::store::{Store, StoreError};
 
 use durable::DurableSubscriber;
@@ -197,8 +198,9 @@ impl Hub {
             filter,
             tx,
         };
+        let task = subscriber.run(live, self.shutdown.clone());
         self.tracker
-            .spawn(subscriber.run(live, self.shutdown.clone()));
+            .spawn(metrics::subscribed(SubscriberMode::Live, task));
         rx
     }
 
@@ -212,8 +214,9 @@ impl Hub {
             filter,
             tx,
         };
+        let task = subscriber.run(self.live.subscribe(), self.shutdown.clone());
         self.tracker
-            .spawn(subscriber.run(self.live.subscribe(), self.shutdown.clone()));
+            .spawn(metrics::subscribed(SubscriberMode::Durable, task));
         rx
     }
 }
