@@ -69,8 +69,7 @@ pub async fn run(
         (None, Some(embedded)) => Endpoint::Single(embedded.url().to_owned()),
         (None, None) => Endpoint::Cluster(config.redis.cluster_nodes.clone()),
     };
-    let listeners = (listener, http);
-    let result = serve(listeners, &config, endpoint, reload_from, shutdown).await;
+    let result = serve(listener, http, &config, endpoint, reload_from, shutdown).await;
     if let Some(embedded) = embedded {
         embedded.stop().await;
     }
@@ -78,10 +77,11 @@ pub async fn run(
 }
 
 /// Serves with Redis at `endpoint`: starts the background tasks, serves gRPC
-/// (and HTTP) on `listeners` until `shutdown`, then stops the background
-/// tasks within the grace period.
+/// (and HTTP) until `shutdown`, then stops the background tasks within the
+/// grace period.
 async fn serve(
-    (listener, http): (TcpListener, Option<TcpListener>),
+    listener: TcpListener,
+    http: Option<TcpListener>,
     config: &Config,
     endpoint: Endpoint,
     reload_from: Option<PathBuf>,
@@ -93,15 +93,12 @@ async fn serve(
     let tasks = CancellationToken::new();
     let tracker = TaskTracker::new();
     let service = start_service(store.clone(), config, reload_from, &tracker, &tasks);
+    let router = routes(service, store.clone(), &tracker, &tasks)?;
     if let Some(http) = http {
-        tracker.spawn(crate::http::serve(
-            http,
-            crate::http::routes(),
-            tasks.clone(),
-        ));
-        tracker.spawn(metrics::refresh(store.clone(), tasks.clone()));
+        let routes = crate::http::routes();
+        tracker.spawn(crate::http::serve(http, routes, tasks.clone()));
+        tracker.spawn(metrics::refresh(store, tasks.clone()));
     }
-    let router = routes(service, store, &tracker, &tasks)?;
     let served = serve_until(router, listener, &shutdown, &tasks, config.shutdown_grace).await;
     stop_background(tasks, tracker, config.shutdown_grace).await;
     served?;
