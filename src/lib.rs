@@ -24,13 +24,18 @@
 //! - `tls`: TLS on the gRPC port (mutual TLS as an option), certificates
 //!   reloaded on SIGHUP.
 //! - `auth`: bearer tokens with roles and key scopes, guarding the Batcher service.
+//! - `metrics`: the Prometheus families, their recorder and recording
+//!   helpers, the gRPC call counter and the gauges refreshed from Redis.
+//! - `http`: the HTTP listener: `GET /metrics`.
 //! - `server`: wires it all together and serves until shutdown.
 
 pub mod auth;
 pub mod batch;
 pub mod config;
 pub mod embedded;
+pub mod http;
 pub mod keys;
+pub mod metrics;
 pub mod policy;
 pub mod scripts;
 pub mod server;

@@ -1,4 +1,4 @@
-//! Wires the parts together and serves gRPC until shutdown.
+//! Wires the parts together and serves gRPC (and the HTTP listener) until shutdown.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,7 +19,7 @@ use crate::service::BatcherService;
 use crate::store::{Endpoint, Password, RedisTarget, Store, StoreError, Timeouts, WaitReplicas};
 use crate::subscribers::Hub;
 use crate::tls::{self, Tls, TlsError};
-use crate::{pb, sweeper};
+use crate::{metrics, pb, sweeper};
 
 /// How often the health service re-checks Redis.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
@@ -57,13 +57,16 @@ struct Edge {
     auth: Auth,
 }
 
-/// Serves the batcher API on `listener` until `shutdown` is cancelled.
+/// Serves the batcher API on `listener` until `shutdown` is cancelled, and
+/// `GET /metrics` on `http` (the listener of `[http]`, which the caller
+/// binds, as with `crate::http::bind`; None serves no HTTP).
 ///
 /// With no Redis URL in `config`, it first starts its own `redis-server`
 /// (see `embedded`) and stops it on the way out. `reload_from` names the
 /// config file that SIGHUP re-reads; a bad file is logged and ignored.
 pub async fn run(
     listener: TcpListener,
+    http: Option<TcpListener>,
     config: Config,
     reload_from: Option<PathBuf>,
     shutdown: CancellationToken,
@@ -92,17 +95,28 @@ pub async fn run(
         (None, Some(embedded)) => Endpoint::Single(embedded.url().to_owned()),
         (None, None) => Endpoint::Cluster(config.redis.cluster_nodes.clone()),
     };
-    let result = serve(listener, &config, endpoint, edge, reload_from, shutdown).await;
+    let result = serve(
+        listener,
+        http,
+        &config,
+        endpoint,
+        edge,
+        reload_from,
+        shutdown,
+    )
+    .await;
     if let Some(embedded) = embedded {
         embedded.stop().await;
     }
     result
 }
 
-/// Serves with Redis at `endpoint`: starts the background tasks, serves gRPC until
-/// `shutdown`, then stops the background tasks within the grace period.
+/// Serves with Redis at `endpoint`: starts the background tasks, serves gRPC
+/// (and HTTP) until `shutdown`, then stops the background tasks within the
+/// grace period.
 async fn serve(
     listener: TcpListener,
+    http: Option<TcpListener>,
     config: &Config,
     endpoint: Endpoint,
     edge: Edge,
@@ -115,7 +129,12 @@ async fn serve(
     let tasks = CancellationToken::new();
     let tracker = TaskTracker::new();
     let service = start_service(store.clone(), config, reload_from, &edge, &tracker, &tasks);
-    let router = routes(service, store, &edge.auth, &tracker, &tasks)?;
+    let router = routes(service, store.clone(), &edge.auth, &tracker, &tasks)?;
+    if let Some(http) = http {
+        let routes = crate::http::routes();
+        tracker.spawn(crate::http::serve(http, routes, tasks.clone()));
+        tracker.spawn(metrics::refresh(store, tasks.clone()));
+    }
     let grace = config.shutdown_grace;
     let served = serve_until(router, listener, edge.tls, &shutdown, &tasks, grace).await;
     stop_background(tasks, tracker, config.shutdown_grace).await;
@@ -283,7 +302,9 @@ fn routes(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(auth.guard(BatcherServer::new(service))))
+        .add_service(metrics::Requests::new(
+            auth.guard(BatcherServer::new(service)),
+        )))
 }
 
 /// Serves `router` on `listener` (over TLS with `tls`) until `shutdown`. When shutdown starts it

@@ -1,10 +1,11 @@
-//! The `batcher` binary: parses arguments and runs the server.
+//! The `batcher` binary: parses arguments, reads the config, sets up the
+//! logs, binds the listeners and runs the server.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use batcher::config::Config;
+use batcher::config::{Config, LogFormat};
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
@@ -28,23 +29,18 @@ enum Command {
         /// Overrides `listen` from the config.
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// Overrides `[http] listen` from the config (port 0 picks a free one).
+        #[arg(long)]
+        http_listen: Option<SocketAddr>,
     },
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // redis-rs's cluster client logs every failed reconnect while a node is
-    // down, thousands a second; batcher logs the failures that reach it,
-    // rate-limited. RUST_LOG=info,redis=warn brings them back.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,redis=error")),
-        )
-        .init();
     let Command::Serve {
         config: path,
         listen,
+        http_listen,
     } = Args::parse().command;
     let mut config = match &path {
         Some(path) => match Config::load(path) {
@@ -56,8 +52,12 @@ async fn main() -> ExitCode {
         },
         None => Config::default(),
     };
+    init_logs(config.log.format);
     if let Some(listen) = listen {
         config.listen = listen;
+    }
+    if let Some(listen) = http_listen {
+        config.http.listen = listen;
     }
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
@@ -66,14 +66,40 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let http = match batcher::http::bind(&config.http).await {
+        Ok(http) => http,
+        Err(err) => {
+            eprintln!(
+                "batcher: [http] cannot listen on {}: {err}",
+                config.http.listen
+            );
+            return ExitCode::FAILURE;
+        }
+    };
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    match batcher::server::run(listener, config, path, shutdown).await {
+    match batcher::server::run(listener, http, config, path, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("batcher: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Writes log lines to stdout in `format`, at the levels `RUST_LOG` sets
+/// (default `info,redis=error`).
+fn init_logs(format: LogFormat) {
+    // redis-rs's cluster client logs every failed reconnect while a node is
+    // down, thousands a second; batcher logs the failures that reach it,
+    // rate-limited. RUST_LOG=info,redis=warn brings them back.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,redis=error"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => logs.init(),
+        // One object per line, the event's fields at the top level.
+        LogFormat::Json => logs.json().flatten_event(true).init(),
     }
 }
 

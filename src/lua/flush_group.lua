@@ -11,15 +11,17 @@
 -- ARGV[2]: reason: TIMEOUT (only if due) or MANUAL (always)
 -- ARGV[3]: dedup window (ms)
 -- ARGV[4]: max_items in force for the key
--- Returns: the batches written, each {stream_id, reason, opened, flushed, n, items};
---   none when there is no open group (or, for TIMEOUT, it is not yet due)
+-- Returns: {due, batches}: the group's due time (ms) and the batches written, each
+--   {stream_id, reason, opened, flushed, n, items}; {0, {}} when there is no open
+--   group (or, for TIMEOUT, it is not yet due)
 
 local ctx = context(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[3]))
 local gkey, key, reason, max_items = KEYS[4], ARGV[1], ARGV[2], tonumber(ARGV[4])
 
 local due = call('ZSCORE', ctx.due, key)
-if not due then return {} end
-if reason == REASON.TIMEOUT and tonumber(due) > ctx.now then return {} end
+if not due then return { 0, {} } end
+due = tonumber(due)
+if reason == REASON.TIMEOUT and due > ctx.now then return { 0, {} } end
 
 local it = { seq = {}, id = {}, payload = {} }
 local meta, list = load_group(gkey, it)
@@ -30,4 +32,4 @@ end
 call('DEL', gkey)
 call('ZREM', ctx.due, key)
 forget_stale(ctx)
-return batches
+return { due, batches }

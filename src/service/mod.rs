@@ -139,6 +139,7 @@ impl BatcherService {
 
     async fn add_items(&self, items: Vec<NewItem>) -> Result<Vec<pb::AddResponse>, Error> {
         let report = self.store.add(items).await?;
+        crate::metrics::added(&report.results);
         for (shard, due) in report.opened {
             self.sweeper.opened(shard, due);
         }

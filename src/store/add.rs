@@ -165,7 +165,8 @@ impl AddWriter {
         }
     }
 
-    /// One add script call for `items`, all of this shard, in order.
+    /// One add script call for `items`, all of this shard, in order. The
+    /// batches it flushed are recorded in the metrics.
     async fn call(&self, items: &[&NewItem]) -> Result<ShardReply> {
         let mut args = AddArgs::new(&self.keys, self.shard, self.dedup);
         for new in items {
@@ -182,10 +183,16 @@ impl AddWriter {
             .items
             .into_iter()
             .zip(items)
-            .map(|((outcome, group_size, batch), new)| AddResult {
-                outcome,
-                group_size,
-                flushed: batch.map(|batch| batch.into_batch(self.shard, &new.key)),
+            .map(|((outcome, group_size, batch), new)| {
+                let flushed = batch.map(|batch| batch.into_batch(self.shard, &new.key));
+                if let Some(batch) = &flushed {
+                    crate::metrics::flushed(batch, None);
+                }
+                AddResult {
+                    outcome,
+                    group_size,
+                    flushed,
+                }
             })
             .collect();
         Ok((reply.earliest, results))

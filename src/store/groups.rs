@@ -46,7 +46,7 @@ impl Store {
     /// `max_items` in force, oldest first. With `Timeout`, only if it is due
     /// by the Redis clock. Returns the batches written: none when there was
     /// no open group, more than one only when a reload lowered `max_items`
-    /// while the group was open.
+    /// while the group was open. Each batch is recorded in the metrics.
     pub async fn flush(&self, key: &str, reason: FlushReason) -> Result<Vec<Batch>> {
         let shard = self.keys.shard_of(key);
         self.flush_in_shard(shard, key, reason).await
@@ -61,7 +61,7 @@ impl Store {
         let shard_keys = self.keys.shard(shard);
         let group = self.keys.group(shard, key);
         let max_items = self.policies.resolve(key).max_items;
-        let batches: Vec<ScriptBatch> = self
+        let (due_at_ms, batches): (u64, Vec<ScriptBatch>) = self
             .run_script(
                 &scripts::FLUSH_GROUP,
                 &[
@@ -78,10 +78,14 @@ impl Store {
                 ],
             )
             .await?;
-        Ok(batches
+        let batches: Vec<Batch> = batches
             .into_iter()
             .map(|batch| batch.into_batch(shard, key))
-            .collect())
+            .collect();
+        for batch in &batches {
+            crate::metrics::flushed(batch, Some(due_at_ms));
+        }
+        Ok(batches)
     }
 
     /// Reads which groups of a shard are due (at most `limit`), and when the

@@ -18,6 +18,7 @@
 //! - `groups`: remove, flush, the due scan, and reading open groups.
 //! - `streams`: stream heads, reads (including blocking tails) and trimming.
 //! - `consumer_groups`: durable subscriptions' reads, claims, acks and dead letters.
+//! - `stats`: the counts behind the metrics gauges (open groups, consumer backlogs).
 //! - `decode`: how replies become our types.
 
 mod add;
@@ -26,6 +27,7 @@ mod conn;
 mod consumer_groups;
 mod decode;
 mod groups;
+mod stats;
 mod streams;
 
 use std::sync::Arc;
@@ -42,6 +44,7 @@ pub use add::{AddOutcome, AddReport, AddResult, NewItem};
 pub use add_args::AddArgs;
 pub use conn::{Conn, Endpoint, Password, RedisTarget, Timeouts, WaitReplicas};
 pub use groups::{DueScan, GroupPos};
+pub use stats::ConsumerGroupStats;
 
 use add::{AddJob, AddWriter};
 use conn::{Connector, invoke};
@@ -83,6 +86,7 @@ impl From<RedisError> for StoreError {
                         | ServerErrorKind::Ask
                 )
             );
+        crate::metrics::redis_error(&err, transient);
         if transient {
             StoreError::Unavailable(err)
         } else if err.kind() == ErrorKind::Parse {

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batch::{Batch, StreamId};
+use crate::metrics::{self, SubscriberMode};
 use crate::store::{Store, StoreError};
 
 use durable::{DurableSubscriber, Releases};
@@ -203,8 +204,9 @@ impl Hub {
             filter,
             tx,
         };
+        let task = subscriber.run(live, self.shutdown.clone());
         self.tracker
-            .spawn(subscriber.run(live, self.shutdown.clone()));
+            .spawn(metrics::subscribed(SubscriberMode::Live, task));
         rx
     }
 
@@ -220,9 +222,9 @@ impl Hub {
             tx,
             releases: self.releases.clone(),
         };
-        let live = self.live.subscribe();
+        let task = subscriber.run(self.live.subscribe(), released, self.shutdown.clone());
         self.tracker
-            .spawn(subscriber.run(live, released, self.shutdown.clone()));
+            .spawn(metrics::subscribed(SubscriberMode::Durable, task));
         rx
     }
 

@@ -31,35 +31,50 @@ pub use self::redis::RedisServer;
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
 /// A config for tests against `url`: `extra` TOML (top-level keys, then
-/// tables other than `[redis]`), then the `[redis]` table.
+/// tables other than `[redis]`), then the `[redis]` table. `[http] listen`
+/// is 127.0.0.1:0, so parallel tests never collide on the default port.
 pub fn config(url: &str, extra: &str) -> Config {
     let text = format!("{extra}\n[redis]\nurl = \"{url}\"\nshards = 4\n");
-    Config::parse(&text, "test.toml").unwrap_or_else(|e| panic!("test config: {e}"))
+    let mut config =
+        Config::parse(&text, "test.toml").unwrap_or_else(|e| panic!("test config: {e}"));
+    config.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config
 }
 
 /// The service running in this process on a free port.
 pub struct Service {
     pub addr: SocketAddr,
+    /// Where `GET /metrics` is served (a free port too); None when the
+    /// config disables `[http]`.
+    pub http_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
     handle: tokio::task::JoinHandle<Result<(), batcher::server::ServerError>>,
 }
 
 impl Service {
-    /// Starts the service with `config` on 127.0.0.1:0.
+    /// Starts the service with `config` on 127.0.0.1:0, and its HTTP
+    /// listener (unless disabled) on another free port, whatever
+    /// `[http] listen` says.
     pub async fn start(config: Config) -> Service {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
+        let listener = bind().await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
+        let http = match config.http.enabled {
+            true => Some(bind().await.expect("bind http")),
+            false => None,
+        };
+        let http_addr = http.as_ref().map(|l| l.local_addr().expect("local addr"));
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(batcher::server::run(
             listener,
+            http,
             config,
             None,
             shutdown.clone(),
         ));
         Service {
             addr,
+            http_addr,
             shutdown,
             handle,
         }
@@ -84,7 +99,7 @@ impl Service {
 /// The error that stops the service from starting on `config`.
 pub async fn start_error(config: Config) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let run = batcher::server::run(listener, config, None, CancellationToken::new());
+    let run = batcher::server::run(listener, None, config, None, CancellationToken::new());
     let result = tokio::time::timeout(DEADLINE, run).await;
     result
         .expect("the start did not fail in time")
@@ -233,10 +248,15 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `batcher serve --config <path>` on a free port and waits until it
-    /// accepts gRPC connections.
+    /// Starts `batcher serve --config <path>` on a free port (and its HTTP
+    /// listener on another) and waits until it accepts gRPC connections.
     pub async fn start(config_path: &Path, log_dir: &Path) -> Process {
-        let process = Process::spawn(config_path, log_dir);
+        Process::start_logging(config_path, log_dir, "info").await
+    }
+
+    /// [`Process::start`], with `RUST_LOG` set to `rust_log`.
+    pub async fn start_logging(config_path: &Path, log_dir: &Path, rust_log: &str) -> Process {
+        let process = Process::spawn_logging(config_path, log_dir, rust_log);
         client(process.addr).await;
         process
     }
@@ -244,6 +264,11 @@ impl Process {
     /// Starts `batcher serve --config <path>` on a free port, without waiting
     /// for it (a TLS port needs a client of its own to tell when it is up).
     pub fn spawn(config_path: &Path, log_dir: &Path) -> Process {
+        Process::spawn_logging(config_path, log_dir, "info")
+    }
+
+    /// [`Process::spawn`], with `RUST_LOG` set to `rust_log`.
+    fn spawn_logging(config_path: &Path, log_dir: &Path, rust_log: &str) -> Process {
         let addr = free_addr();
         let log = log_dir.join(format!("batcher-{}.log", addr.port()));
         let out = std::fs::File::create(&log).expect("log file");
@@ -252,7 +277,8 @@ impl Process {
             .arg(config_path)
             .arg("--listen")
             .arg(addr.to_string())
-            .env("RUST_LOG", "info")
+            .args(["--http-listen", "127.0.0.1:0"])
+            .env("RUST_LOG", rust_log)
             .stdout(out.try_clone().expect("log file"))
             .stderr(out)
             .stdin(Stdio::null())

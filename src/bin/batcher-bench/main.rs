@@ -256,8 +256,15 @@ fn serve(config_toml: &str) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
+        let http = match batcher::http::bind(&config.http).await {
+            Ok(http) => http,
+            Err(e) => {
+                eprintln!("batcher-bench __serve: [http] cannot listen: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         let shutdown = CancellationToken::new();
-        match batcher::server::run(listener, config, None, shutdown).await {
+        match batcher::server::run(listener, http, config, None, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("batcher-bench __serve: {e}");

@@ -31,6 +31,10 @@ fn config_with(redis_line: &str) -> String {
     let mut config = format!(
         r#"shutdown_grace = "1s"
 
+# A free port each, so bench processes never collide on the default.
+[http]
+listen = "127.0.0.1:0"
+
 [redis]
 {redis_line}
 prefix = "bench"
