@@ -79,7 +79,7 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(50);
 pub const DEFAULT_APPENDFSYNC: AppendFsync = AppendFsync::Always;
 /// Default Redis connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Default Redis response timeout.
+/// Default Redis response timeout: the deadline of each call.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Default `[defaults] max_items`.
@@ -275,8 +275,11 @@ pub struct RedisConfig {
     /// How long to wait for a connection, so startup fails fast on a wrong URL.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
-    /// How long to wait for one command's reply before the request fails,
-    /// so a stalled Redis turns into errors instead of piled-up requests.
+    /// The deadline of each gRPC call, however many Redis commands it
+    /// issues and however long it queues for its shard; a client's shorter
+    /// `grpc-timeout` wins. A call not answered by then fails UNAVAILABLE, so
+    /// a stalled Redis turns into errors instead of piled-up requests. The
+    /// background tasks (sweeper, subscriptions) bound each command by it.
     #[serde(with = "humantime_serde")]
     pub response_timeout: Duration,
 }
