@@ -112,17 +112,17 @@
 //!    measured cost: items/s per master core = 1e6 / µs per item, and the
 //!    masters 100k, 500k and 1M items/s need. Not run with `--service`.
 //! 10. **Overload.** On a fresh service over an emptied Redis, scenario 1's
-//!    closed-loop load first measures the items/s the service takes (its
-//!    capacity); then AddMany calls of 100 items (10k keys) are sent
-//!    open-loop at a fixed rate of 2× that, over 16 connections, for 10 s
-//!    (quick: 2 s) after the warm-up, whatever the replies. Figures, over
-//!    calls completing inside the window: accepted items/s (and as a
-//!    multiple of capacity), the share of calls refused RESOURCE_EXHAUSTED,
-//!    accepted calls' p50/p99, other errors (there must be none), and the
-//!    service's VmRSS sampled every 100 ms (max, and the series in the
-//!    details). Target: max RSS ≤ 2× the idle RSS + (shards ×
-//!    `max_queued_adds`) × 1 KiB, p99 ≤ 1 s (half the default deadline),
-//!    refusals present, no other errors.
+//!     closed-loop load first measures the items/s the service takes (its
+//!     capacity); then AddMany calls of 100 items (10k keys) are sent
+//!     open-loop at a fixed rate of 2× that, over 16 connections, for 10 s
+//!     (quick: 2 s) after the warm-up, whatever the replies. Figures, over
+//!     calls completing inside the window: accepted items/s (and as a
+//!     multiple of capacity), the share of calls refused RESOURCE_EXHAUSTED,
+//!     accepted calls' p50/p99, other errors (there must be none), and the
+//!     service's VmRSS sampled every 100 ms (max, and the series in the
+//!     details). Target: max RSS ≤ 2× the idle RSS + (shards ×
+//!     `max_queued_adds`) × 1 KiB, p99 ≤ 1 s (half the default deadline),
+//!     refusals present, no other errors.
 
 mod ceiling;
 mod cluster;
