@@ -13,9 +13,9 @@ use batcher::config::Config;
 use batcher::pb;
 use batcher::policy::Policy;
 use batcher::store::{Deadline, NewItem, StoreError};
-use support::load::{Load, Tally, placement};
+use support::load::{Load, placement};
 use support::{
-    RedisServer, Service, add, all_batches, assert_error_info, config, eventually, store,
+    Paused, RedisServer, Service, add, all_batches, assert_error_info, config, eventually, store,
     wait_health,
 };
 use tonic::{Code, Request};
@@ -32,23 +32,6 @@ const POLICY: &str = "[defaults]\nmax_items = 20\nmax_wait = \"300ms\"\n\
 const CALLERS: usize = 6;
 /// Adds answered between two steps of a test.
 const STEADY: usize = 200;
-
-/// Sends SIGSTOP to a redis-server on creation and SIGCONT when dropped.
-struct Paused(u32);
-
-impl Paused {
-    fn new(redis: &RedisServer) -> Paused {
-        let pid = redis.pid().expect("redis-server runs");
-        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
-        Paused(pid)
-    }
-}
-
-impl Drop for Paused {
-    fn drop(&mut self) {
-        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
-    }
-}
 
 /// The tests' config: [`POLICY`] and a deadline of [`DEADLINE`].
 fn deadline_config(redis: &RedisServer) -> Config {
@@ -68,9 +51,10 @@ async fn start_load(config: &Config) -> (Service, Load) {
 }
 
 /// Stops the load, waits for every group to flush, and checks what the
-/// callers were told: only UNAVAILABLE failures, each within the deadline
-/// plus the margin, and every acknowledged item in exactly one batch.
-async fn settle(service: Service, load: Load, config: &Config) -> Tally {
+/// callers of the `outage` test were told: only UNAVAILABLE failures, each
+/// within the deadline plus the margin, and every acknowledged item in
+/// exactly one batch.
+async fn settle(service: Service, load: Load, config: &Config, outage: &str) {
     let tally = load.finish().await;
     let client = service.client().await;
     eventually("every group to flush", || {
@@ -98,7 +82,13 @@ async fn settle(service: Service, load: Load, config: &Config) -> Tally {
     );
     let placed = placement(&tally, &batches);
     assert_eq!((placed.lost, placed.duplicated, placed.unknown), (0, 0, 0));
-    tally
+    eprintln!(
+        "{outage}: {} UNAVAILABLE, slowest failure {:?}, longest outage {:?}, {} acknowledged",
+        tally.unavailable,
+        tally.slowest_failure,
+        tally.longest_outage,
+        tally.acknowledged.len()
+    );
 }
 
 /// Redis killed under load (it refuses connections): callers get UNAVAILABLE
@@ -116,14 +106,7 @@ async fn refused_connections_fail_within_the_deadline() {
     redis.restart();
     load.wait_answered(STEADY).await;
     wait_health(service.addr, ServingStatus::Serving).await;
-    let tally = settle(service, load, &config).await;
-    eprintln!(
-        "refused: {} UNAVAILABLE, slowest failure {:?}, longest outage {:?}, {} acknowledged",
-        tally.unavailable,
-        tally.slowest_failure,
-        tally.longest_outage,
-        tally.acknowledged.len()
-    );
+    settle(service, load, &config, "refused").await;
 }
 
 /// Redis hung (SIGSTOP) under load: callers get UNAVAILABLE within the
@@ -142,14 +125,7 @@ async fn hung_redis_fails_within_the_deadline() {
     drop(paused);
     load.wait_answered(STEADY).await;
     wait_health(service.addr, ServingStatus::Serving).await;
-    let tally = settle(service, load, &config).await;
-    eprintln!(
-        "hung: {} UNAVAILABLE, slowest failure {:?}, longest outage {:?}, {} acknowledged",
-        tally.unavailable,
-        tally.slowest_failure,
-        tally.longest_outage,
-        tally.acknowledged.len()
-    );
+    settle(service, load, &config, "hung").await;
 }
 
 /// With Redis hung and a configured deadline of 10 s, calls whose client

@@ -10,29 +10,11 @@ use batcher::keys::Keyspace;
 use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use support::{
-    RedisServer, Service, add, all_batches, assert_error_info, config, eventually, next_batch,
-    store,
+    Paused, RedisServer, Service, add, all_batches, assert_error_info, config, eventually,
+    next_batch, store,
 };
 use tonic::transport::Channel;
 use tonic::{Code, Request};
-
-/// Sends SIGSTOP to a redis-server on creation and SIGCONT when dropped, so a
-/// failing test does not leave it stopped.
-struct Paused(u32);
-
-impl Paused {
-    fn new(redis: &RedisServer) -> Paused {
-        let pid = redis.pid().expect("redis-server runs");
-        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
-        Paused(pid)
-    }
-}
-
-impl Drop for Paused {
-    fn drop(&mut self) {
-        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
-    }
-}
 
 /// Two keys on different shards of the tests' 4-shard keyspace.
 fn keys_on_two_shards() -> (String, String) {
