@@ -194,7 +194,7 @@ impl ShardQueue {
     /// Room for `items` items, or QueueFull at once. A part larger than the
     /// whole queue takes all of it: it goes when the queue is empty.
     fn reserve(&self, shard: u16, items: usize) -> Result<OwnedSemaphorePermit> {
-        let wanted = items.clamp(1, self.limit) as u32;
+        let wanted = u32::try_from(items.clamp(1, self.limit)).unwrap_or(u32::MAX);
         self.room
             .clone()
             .try_acquire_many_owned(wanted)
