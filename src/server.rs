@@ -15,7 +15,7 @@ use crate::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedRedis};
 use crate::keys::Keyspace;
 use crate::pb::batcher_server::BatcherServer;
 use crate::policy::PolicyHandle;
-use crate::service::BatcherService;
+use crate::service::{BatcherService, Deadlines};
 use crate::store::{Endpoint, Password, RedisTarget, Store, StoreError, Timeouts, WaitReplicas};
 use crate::subscribers::Hub;
 use crate::tls::{self, Tls, TlsError};
@@ -129,7 +129,7 @@ async fn serve(
     let tasks = CancellationToken::new();
     let tracker = TaskTracker::new();
     let service = start_service(store.clone(), config, reload_from, &edge, &tracker, &tasks);
-    let router = routes(service, store.clone(), &edge.auth, &tracker, &tasks)?;
+    let router = routes(service, store.clone(), &edge.auth, config, &tracker, &tasks)?;
     if let Some(http) = http {
         let routes = crate::http::routes();
         tracker.spawn(crate::http::serve(http, routes, tasks.clone()));
@@ -179,7 +179,8 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, Server
         keyspace,
         config.dedup.window,
         PolicyHandle::new(config.policies()),
-    )?;
+    )?
+    .with_max_queued_adds(config.limits.max_queued_adds);
     let pinged = match store.ping().await {
         // A cluster client hides why it could not connect behind "no
         // connections found"; a connection of its own says why.
@@ -279,16 +280,19 @@ fn start_service(
 }
 
 /// The gRPC routes: health (kept up to date by a task on `tracker`), server
-/// reflection, and the batcher API, which alone needs a token.
+/// reflection, and the batcher API, which alone needs a token, with one
+/// deadline per call and the request size limit.
 fn routes(
     service: BatcherService,
     store: Store,
     auth: &Auth,
+    config: &Config,
     tracker: &TaskTracker,
     tasks: &CancellationToken,
 ) -> Result<Router, tonic_reflection::server::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    tracker.spawn(watch_health(store, health, tasks.clone()));
+    let deadline = config.redis.response_timeout;
+    tracker.spawn(watch_health(store, health, deadline, tasks.clone()));
     // Both reflection versions: v1alpha is what many grpcurl builds and
     // other tools still ask for.
     let reflection = || {
@@ -303,7 +307,11 @@ fn routes(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(metrics::Requests::new(
-            auth.guard(BatcherServer::new(service)),
+            auth.guard(Deadlines::new(
+                BatcherServer::new(service)
+                    .max_decoding_message_size(config.limits.max_message_bytes.as_u64() as usize),
+                deadline,
+            )),
         )))
 }
 
@@ -363,16 +371,21 @@ async fn stop_background(tasks: CancellationToken, tracker: TaskTracker, grace: 
     }
 }
 
-/// Reports SERVING while Redis answers and NOT_SERVING while it does not.
+/// Reports SERVING while Redis answers and NOT_SERVING while it does not,
+/// or not within `deadline` (a hung Redis).
 async fn watch_health(
     store: Store,
     reporter: tonic_health::server::HealthReporter,
+    deadline: Duration,
     shutdown: CancellationToken,
 ) {
     const SERVICE: &str = "batcher.v1.Batcher";
     let mut serving = None;
     while !shutdown.is_cancelled() {
-        let ok = store.ping().await.is_ok();
+        let ok = matches!(
+            tokio::time::timeout(deadline, store.ping()).await,
+            Ok(Ok(()))
+        );
         if serving != Some(ok) {
             let status = if ok {
                 tonic_health::ServingStatus::Serving

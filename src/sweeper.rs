@@ -6,10 +6,15 @@
 //! sleeps longer than `max_sleep`, so it also finds groups that other
 //! instances opened. Pub/sub is not used. Racing sweepers are harmless: the
 //! flush script re-checks that a group is due, so each group yields one batch.
+//!
+//! A failed round (Redis down, or out of memory, which refuses the flush
+//! script's writes) leaves the groups due; the sweeper backs off, up to
+//! `max_sleep`, and tries again, logging at most one line per shard every
+//! few seconds.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -17,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::batch::StreamId;
 use crate::config::SweeperConfig;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 /// Wakes the shard sweepers when a local add opens an earlier deadline.
 #[derive(Clone)]
@@ -88,7 +93,7 @@ impl ShardSweeper {
     async fn run(self, shutdown: CancellationToken) {
         let wake = &self.handle.shards[usize::from(self.shard)];
         let max_sleep_ms = self.config.max_sleep.as_millis() as u64;
-        let mut failures: u32 = 0;
+        let mut failures = Failures::new(self.shard);
         let mut last_trim_ms = 0;
         while !shutdown.is_cancelled() {
             wake.planned.store(u64::MAX, Ordering::Release);
@@ -99,21 +104,13 @@ impl ShardSweeper {
             {
                 Ok(scan) => scan,
                 Err(err) => {
-                    failures += 1;
-                    if failures == 1 || failures.is_multiple_of(50) {
-                        tracing::warn!(shard = self.shard, failures, %err, "sweep failed; retrying");
-                    }
-                    let backoff = Duration::from_millis(50 * u64::from(failures.min(20)));
+                    let backoff = failures.failed("sweep", &err, self.config.max_sleep);
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(backoff.min(self.config.max_sleep)) => continue,
+                        _ = tokio::time::sleep(backoff) => continue,
                     }
                 }
             };
-            if failures > 0 {
-                tracing::info!(shard = self.shard, "sweeper reconnected to redis");
-                failures = 0;
-            }
             if scan.now_ms.saturating_sub(last_trim_ms) >= self.trim_every_ms {
                 last_trim_ms = scan.now_ms;
                 let min = StreamId {
@@ -121,12 +118,13 @@ impl ShardSweeper {
                     seq: 0,
                 };
                 if let Err(err) = self.store.trim_before(self.shard, min).await {
-                    tracing::warn!(shard = self.shard, %err, "stream trim failed");
+                    failures.log("stream trim", &err);
                 }
             }
             if !scan.keys.is_empty() {
                 match self.store.flush_due(self.shard, &scan.keys).await {
                     Ok(batches) => {
+                        failures.recovered();
                         tracing::debug!(
                             shard = self.shard,
                             count = batches.len(),
@@ -134,16 +132,20 @@ impl ShardSweeper {
                         )
                     }
                     Err(err) => {
-                        tracing::warn!(shard = self.shard, %err, "timeout flush failed; retrying");
+                        // The flush script writes nothing when it fails (at
+                        // OOM Redis refuses its first write): the groups stay
+                        // due, and the next round flushes them.
+                        let backoff = failures.failed("timeout flush", &err, self.config.max_sleep);
                         tokio::select! {
                             _ = shutdown.cancelled() => return,
-                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                            _ = tokio::time::sleep(backoff) => {}
                         }
                     }
                 }
                 // Look again at once: more may be due, and the next due time moved.
                 continue;
             }
+            failures.recovered();
             let horizon = scan.now_ms + max_sleep_ms;
             let wake_at = scan.next_due_ms.map_or(horizon, |due| due.min(horizon));
             wake.planned.store(wake_at, Ordering::Release);
@@ -154,5 +156,64 @@ impl ShardSweeper {
                 _ = tokio::time::sleep(sleep) => {}
             }
         }
+    }
+}
+
+/// Least time between two failure logs of one shard's sweeper, so that a
+/// long outage or an out-of-memory Redis does not flood the log.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A shard sweeper's consecutive failures: the back-off they call for, and
+/// their logs, at most one per [`LOG_EVERY`].
+struct Failures {
+    shard: u16,
+    count: u32,
+    last_log: Option<Instant>,
+}
+
+impl Failures {
+    fn new(shard: u16) -> Failures {
+        Failures {
+            shard,
+            count: 0,
+            last_log: None,
+        }
+    }
+
+    /// Counts a failure of `what`; returns how long to wait before the next
+    /// try: growing with the failures, up to `max`.
+    fn failed(&mut self, what: &str, err: &StoreError, max: Duration) -> Duration {
+        self.count += 1;
+        self.log(what, err);
+        Duration::from_millis(50 * u64::from(self.count.min(20))).min(max)
+    }
+
+    /// Logs a failure of `what`, unless one was logged less than
+    /// [`LOG_EVERY`] ago.
+    fn log(&mut self, what: &str, err: &StoreError) {
+        let now = Instant::now();
+        if self.last_log.is_some_and(|last| now - last < LOG_EVERY) {
+            return;
+        }
+        self.last_log = Some(now);
+        let (shard, failures) = (self.shard, self.count);
+        if matches!(err, StoreError::OutOfMemory(_)) {
+            tracing::warn!(
+                shard,
+                failures,
+                "{what} failed: redis is out of memory (maxmemory); retrying until memory frees"
+            );
+        } else {
+            tracing::warn!(shard, failures, %err, "{what} failed; retrying");
+        }
+    }
+
+    /// A round went through: the failures, if any, are over.
+    fn recovered(&mut self) {
+        if self.count > 0 {
+            tracing::info!(shard = self.shard, "sweeper works again");
+        }
+        self.count = 0;
+        self.last_log = None;
     }
 }

@@ -125,17 +125,25 @@ fn store_code(err: &StoreError) -> (Code, &'static str) {
         StoreError::Unavailable(_) => (Code::Unavailable, "REDIS_UNAVAILABLE"),
         StoreError::Redis(_) => (Code::Internal, "REDIS_ERROR"),
         StoreError::Decode(_) => (Code::Internal, "STORED_DATA_UNREADABLE"),
+        StoreError::QueueFull { .. } => (Code::ResourceExhausted, "SHARD_QUEUE_FULL"),
+        StoreError::OutOfMemory(_) => (Code::ResourceExhausted, "REDIS_OUT_OF_MEMORY"),
+        StoreError::Timeout(_) => (Code::Unavailable, "REDIS_TIMEOUT"),
     }
 }
 
-/// The dynamic values of a store error: Redis' error code, when it sent one.
+/// The dynamic values of a store error: Redis' error code, when it sent
+/// one; the shard and its queue limit of a full queue; the deadline missed.
 fn store_metadata(err: &StoreError) -> Vec<(&'static str, String)> {
     match err {
-        StoreError::Unavailable(e) | StoreError::Redis(e) => e
+        StoreError::Unavailable(e) | StoreError::Redis(e) | StoreError::OutOfMemory(e) => e
             .code()
             .map(|code| vec![("redis_code", code.to_owned())])
             .unwrap_or_default(),
         StoreError::Decode(_) => Vec::new(),
+        StoreError::QueueFull { shard, limit } => {
+            vec![("shard", shard.to_string()), ("limit", limit.to_string())]
+        }
+        StoreError::Timeout(budget) => vec![("deadline_ms", budget.as_millis().to_string())],
     }
 }
 
@@ -144,6 +152,13 @@ impl From<Error> for Status {
         let (code, reason, metadata) = err.parts();
         let message = match &err {
             Error::Store(StoreError::Unavailable(e)) => format!("redis unavailable: {e}"),
+            // Overload and deadlines are the client's to handle (back off,
+            // retry), not errors of the service.
+            Error::Store(
+                e @ (StoreError::QueueFull { .. }
+                | StoreError::OutOfMemory(_)
+                | StoreError::Timeout(_)),
+            ) => e.to_string(),
             Error::Store(e) => {
                 tracing::error!(%e, "internal error");
                 e.to_string()

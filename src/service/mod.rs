@@ -1,23 +1,28 @@
 //! The gRPC API: the `batcher.v1.Batcher` handlers. Request validation is
 //! in `checks`, the mapping between protobuf and domain types in `convert`,
 //! and the one place that decides gRPC status codes (with AIP-193 error
-//! details) in `errors`.
+//! details) in `errors`. `deadline` wraps the whole service, giving every
+//! call one deadline.
 
 mod checks;
 mod convert;
+mod deadline;
 pub mod errors;
 
 use std::collections::HashSet;
 use std::pin::Pin;
+use std::sync::Arc;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::Stream;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use self::checks::{check_size, page_limit, page_token, parse_page_token};
 pub use self::convert::batch_to_pb;
 use self::convert::{add_response, group_to_pb};
+pub use self::deadline::Deadlines;
 pub use self::errors::Error;
 use self::errors::invalid;
 use crate::auth::Caller;
@@ -25,7 +30,7 @@ use crate::batch::{self, FlushReason, Group};
 use crate::config::{Limits, SubscriptionsConfig};
 use crate::pb;
 use crate::policy::PolicyHandle;
-use crate::store::{NewItem, Store, StoreError};
+use crate::store::{Deadline, NewItem, Store, StoreError};
 use crate::subscribers::{Cursor, Delivery, Durable, Filter, Hub};
 use crate::sweeper::SweeperHandle;
 
@@ -43,6 +48,9 @@ pub struct BatcherService {
     subscriptions: SubscriptionsConfig,
     sweeper: SweeperHandle,
     hub: Hub,
+    /// One permit per subscription this instance may still serve (`[limits]
+    /// max_subscribers`); each stream holds one until it is dropped.
+    subscribers: Arc<Semaphore>,
 }
 
 /// Longest consumer group or consumer name.
@@ -64,7 +72,22 @@ impl BatcherService {
             subscriptions,
             sweeper,
             hub,
+            subscribers: Arc::new(Semaphore::new(limits.max_subscribers.get())),
         }
+    }
+
+    /// A subscription slot, held by the stream until it ends, or
+    /// RESOURCE_EXHAUSTED when all `[limits] max_subscribers` are taken.
+    fn subscriber_slot(&self) -> Result<OwnedSemaphorePermit, Error> {
+        self.subscribers.clone().try_acquire_owned().map_err(|_| {
+            let max = self.limits.max_subscribers;
+            Error::refused(
+                Code::ResourceExhausted,
+                "TOO_MANY_SUBSCRIBERS",
+                format!("this instance serves its limit of {max} subscribers; retry later"),
+            )
+            .with("limit", max)
+        })
     }
 
     /// Creates or joins a consumer group; returns the group's filter.
@@ -137,8 +160,14 @@ impl BatcherService {
         group_to_pb(group, &policy)
     }
 
-    async fn add_items(&self, items: Vec<NewItem>) -> Result<Vec<pb::AddResponse>, Error> {
-        let report = self.store.add(items).await?;
+    /// Adds `items`; a part still queued for Redis at the call's `deadline`
+    /// (set by [`Deadlines`]) is dropped unwritten.
+    async fn add_items(
+        &self,
+        items: Vec<NewItem>,
+        deadline: Option<Deadline>,
+    ) -> Result<Vec<pb::AddResponse>, Error> {
+        let report = self.store.add_within(items, deadline).await?;
         crate::metrics::added(&report.results);
         for (shard, due) in report.opened {
             self.sweeper.opened(shard, due);
@@ -156,8 +185,9 @@ impl pb::batcher_server::Batcher for BatcherService {
         request: Request<pb::AddRequest>,
     ) -> Result<Response<pb::AddResponse>, Status> {
         Caller::of(&request).check_key(&request.get_ref().key)?;
+        let deadline = request.extensions().get::<Deadline>().copied();
         let item = self.new_item("", request.into_inner())?;
-        let mut results = self.add_items(vec![item]).await?;
+        let mut results = self.add_items(vec![item], deadline).await?;
         Ok(Response::new(results.pop().unwrap_or_default()))
     }
 
@@ -166,6 +196,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         request: Request<pb::AddManyRequest>,
     ) -> Result<Response<pb::AddManyResponse>, Status> {
         let caller = Caller::of(&request);
+        let deadline = request.extensions().get::<Deadline>().copied();
         let requests = request.into_inner().items;
         if requests.len() > self.limits.max_add_many.get() {
             return Err(invalid(
@@ -196,7 +227,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         let results = if items.is_empty() {
             Vec::new()
         } else {
-            self.add_items(items).await?
+            self.add_items(items, deadline).await?
         };
         Ok(Response::new(pb::AddManyResponse { results }))
     }
@@ -299,6 +330,7 @@ impl pb::batcher_server::Batcher for BatcherService {
             prefixes: req.key_prefixes.clone(),
         };
         caller.check_filter(&filter)?;
+        let slot = self.subscriber_slot()?;
         let deliveries = if !req.consumer_group.is_empty() || !req.consumer.is_empty() {
             let filter = self.join_group(&req, filter, &caller).await?;
             let durable = Durable {
@@ -330,8 +362,11 @@ impl pb::batcher_server::Batcher for BatcherService {
             };
             self.hub.subscribe(from, caller.narrow(filter))
         };
-        let stream = ReceiverStream::new(deliveries)
-            .map(|d: Delivery| Ok(batch_to_pb(&d.batch, d.cursor, d.delivery_count)));
+        // The stream holds the slot: it frees when the stream is dropped.
+        let stream = ReceiverStream::new(deliveries).map(move |d: Delivery| {
+            let _slot = &slot;
+            Ok(batch_to_pb(&d.batch, d.cursor, d.delivery_count))
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -1,13 +1,24 @@
 //! The add path: [`Store::add`] splits a request per shard and hands each
 //! part to that shard's writer, which runs the add script for whatever parts
 //! queued up meanwhile in one call.
+//!
+//! Each shard's queue is bounded in items (`[limits] max_queued_adds`): a
+//! call whose part does not fit fails at once with
+//! [`StoreError::QueueFull`], and a call spanning shards reserves room in
+//! every one of them before it queues anything, so it is never half queued.
+//! A call may carry a [`Deadline`]: the writer drops a part whose deadline
+//! passed while it waited, so it is not written after its caller was told
+//! it failed.
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::try_join_all;
 use redis::{ErrorKind, RedisError};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::conn::{Conn, WaitReplicas, invoke};
 use super::decode::AddReply;
@@ -55,6 +66,29 @@ pub struct AddReport {
 /// opened, and one result per item of the job.
 type ShardReply = (Option<u64>, Vec<AddResult>);
 
+/// When a call must be answered by: the instant, and the whole budget it was
+/// given (for the message that says how long Redis had).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline {
+    pub at: Instant,
+    pub budget: Duration,
+}
+
+impl Deadline {
+    /// A deadline `budget` from now.
+    pub fn after(budget: Duration) -> Deadline {
+        Deadline {
+            at: Instant::now() + budget,
+            budget,
+        }
+    }
+
+    /// The error of a call that ran out of time.
+    pub fn expired(&self) -> StoreError {
+        StoreError::Timeout(self.budget)
+    }
+}
+
 impl Store {
     /// Adds items, atomically per shard, in request order. A group that
     /// reaches its threshold is flushed by the add that completes it.
@@ -63,6 +97,18 @@ impl Store {
     /// add script, together with whatever other requests queued up for the
     /// shard meanwhile: under load, many small requests share one script call.
     pub async fn add(&self, items: Vec<NewItem>) -> Result<AddReport> {
+        self.add_within(items, None).await
+    }
+
+    /// [`Store::add`], with a deadline: a part still queued when it passes is
+    /// dropped, and the call fails with [`StoreError::Timeout`]. Fails at
+    /// once with [`StoreError::QueueFull`], queuing nothing, when a shard's
+    /// queue has no room for the call's part.
+    pub async fn add_within(
+        &self,
+        items: Vec<NewItem>,
+        deadline: Option<Deadline>,
+    ) -> Result<AddReport> {
         // Split the request per shard, keeping each shard's items in order.
         let count = items.len();
         let mut per_shard: HashMap<u16, (Vec<usize>, Vec<NewItem>)> = HashMap::new();
@@ -71,12 +117,24 @@ impl Store {
             part.0.push(index);
             part.1.push(item);
         }
-        let calls = per_shard
+        // Room in every shard first, so that a full shard refuses the whole
+        // call before any of its parts is queued.
+        let mut parts = Vec::with_capacity(per_shard.len());
+        for (shard, (indexes, items)) in per_shard {
+            let room = self.queues[usize::from(shard)].reserve(shard, items.len())?;
+            parts.push((shard, indexes, items, room));
+        }
+        let calls = parts
             .into_iter()
-            .map(|(shard, (indexes, items))| async move {
+            .map(|(shard, indexes, items, room)| async move {
                 let (reply, done) = oneshot::channel();
-                let writer = &self.writers[usize::from(shard)];
-                if writer.send(AddJob { items, reply }).is_err() {
+                let job = AddJob {
+                    items,
+                    deadline,
+                    reply,
+                    _room: room,
+                };
+                if self.queues[usize::from(shard)].jobs.send(job).is_err() {
                     return Err(writer_gone());
                 }
                 let (earliest, results) = done.await.map_err(|_| writer_gone())??;
@@ -106,10 +164,67 @@ impl Store {
 /// long; a single request's shard part is never split, whatever its size.
 const MERGE_LIMIT: usize = 1000;
 
+/// One shard's queue: the writer's inbox, and the room left in it.
+///
+/// The channel itself is unbounded, but every job in it holds permits of
+/// `room` for its items (at least one), so it never holds more than
+/// `limit` items, nor more than `limit` jobs.
+pub(super) struct ShardQueue {
+    jobs: mpsc::UnboundedSender<AddJob>,
+    /// One permit per item the queue may still take; a job gives its
+    /// permits back when its writer has answered it.
+    room: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl ShardQueue {
+    pub(super) fn new(jobs: mpsc::UnboundedSender<AddJob>, limit: NonZeroUsize) -> ShardQueue {
+        ShardQueue {
+            jobs,
+            room: Arc::new(Semaphore::new(limit.get())),
+            limit: limit.get(),
+        }
+    }
+
+    /// The same inbox with room for `limit` items.
+    pub(super) fn resized(&self, limit: NonZeroUsize) -> ShardQueue {
+        ShardQueue::new(self.jobs.clone(), limit)
+    }
+
+    /// Room for `items` items, or QueueFull at once. A part larger than the
+    /// whole queue takes all of it: it goes when the queue is empty.
+    fn reserve(&self, shard: u16, items: usize) -> Result<OwnedSemaphorePermit> {
+        let wanted = u32::try_from(items.clamp(1, self.limit)).unwrap_or(u32::MAX);
+        self.room
+            .clone()
+            .try_acquire_many_owned(wanted)
+            .map_err(|_| StoreError::QueueFull {
+                shard,
+                limit: self.limit,
+            })
+    }
+}
+
 /// One request's part for one shard, waiting for its shard's writer.
 pub(super) struct AddJob {
     items: Vec<NewItem>,
+    deadline: Option<Deadline>,
     reply: oneshot::Sender<Result<ShardReply>>,
+    /// The part's room in the queue, given back when the job is dropped.
+    _room: OwnedSemaphorePermit,
+}
+
+impl AddJob {
+    /// Whether the job's deadline has passed; if so, answers it so.
+    fn expired(self, now: Instant) -> Option<AddJob> {
+        match self.deadline {
+            Some(deadline) if deadline.at <= now => {
+                let _ = self.reply.send(Err(deadline.expired()));
+                None
+            }
+            _ => Some(self),
+        }
+    }
 }
 
 fn writer_gone() -> StoreError {
@@ -124,6 +239,11 @@ fn writer_gone() -> StoreError {
 /// `MERGE_LIMIT` items), so the batching costs no latency when idle and
 /// grows with load. Each job's items stay contiguous and in order, so a
 /// request's part is still applied atomically.
+///
+/// A job whose deadline passed while it queued is dropped, not sent: its
+/// caller was already told it failed. One already sent may still land after
+/// its deadline; that is safe, because adds are idempotent by item id: the
+/// caller's retry is answered DUPLICATE, and the item is in one batch.
 pub(super) struct AddWriter {
     pub conn: Conn,
     pub wait: Option<WaitReplicas>,
@@ -135,13 +255,19 @@ pub(super) struct AddWriter {
 impl AddWriter {
     pub(super) async fn run(self, mut jobs: mpsc::UnboundedReceiver<AddJob>) {
         while let Some(first) = jobs.recv().await {
+            let now = Instant::now();
+            let Some(first) = first.expired(now) else {
+                continue;
+            };
             let mut total = first.items.len();
             let mut batch = vec![first];
             while total < MERGE_LIMIT {
                 match jobs.try_recv() {
                     Ok(job) => {
-                        total += job.items.len();
-                        batch.push(job);
+                        if let Some(job) = job.expired(now) {
+                            total += job.items.len();
+                            batch.push(job);
+                        }
                     }
                     Err(_) => break,
                 }

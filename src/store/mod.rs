@@ -13,8 +13,9 @@
 //! commands, and `FromRedisValue` impls in `decode` for our own shapes.
 //!
 //! - `conn`: connections to one Redis or a cluster, and `invoke` (with `WAIT`).
-//! - `add`: the add path and the per-shard writers; `add_args` builds the
-//!   add script's arguments (also used by the bench).
+//! - `add`: the add path and the per-shard writers, with their bounded
+//!   queues and the call deadline they honour; `add_args` builds the add
+//!   script's arguments (also used by the bench).
 //! - `groups`: remove, flush, the due scan, and reading open groups.
 //! - `streams`: stream heads, reads (including blocking tails) and trimming.
 //! - `consumer_groups`: durable subscriptions' reads, claims, acks and dead letters.
@@ -30,6 +31,7 @@ mod groups;
 mod stats;
 mod streams;
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,13 +42,13 @@ use crate::batch::DecodeError;
 use crate::keys::Keyspace;
 use crate::policy::PolicyHandle;
 
-pub use add::{AddOutcome, AddReport, AddResult, NewItem};
+pub use add::{AddOutcome, AddReport, AddResult, Deadline, NewItem};
 pub use add_args::AddArgs;
 pub use conn::{Conn, Endpoint, Password, RedisTarget, Timeouts, WaitReplicas};
 pub use groups::{DueScan, GroupPos};
 pub use stats::ConsumerGroupStats;
 
-use add::{AddJob, AddWriter};
+use add::{AddWriter, ShardQueue};
 use conn::{Connector, invoke};
 
 /// Errors of the store layer.
@@ -61,6 +63,18 @@ pub enum StoreError {
     /// Redis holds data that batcher did not write in that shape.
     #[error(transparent)]
     Decode(#[from] DecodeError),
+    /// The shard's add queue holds `limit` adds already: Redis is not keeping
+    /// up. Nothing of the call was queued.
+    #[error("the add queue of shard {shard} is full ({limit} adds waiting); retry later")]
+    QueueFull { shard: u16, limit: usize },
+    /// Redis is at its `maxmemory` and refuses writes (`OOM`); a write
+    /// script refused so wrote nothing, since the refusal comes before its
+    /// first write.
+    #[error("redis is out of memory (maxmemory)")]
+    OutOfMemory(RedisError),
+    /// The call's deadline (this long) passed before Redis answered.
+    #[error("redis did not answer within {}", humantime::format_duration(*.0))]
+    Timeout(Duration),
 }
 
 impl From<RedisError> for StoreError {
@@ -87,7 +101,9 @@ impl From<RedisError> for StoreError {
                 )
             );
         crate::metrics::redis_error(&err, transient);
-        if transient {
+        if err.code() == Some("OOM") {
+            StoreError::OutOfMemory(err)
+        } else if transient {
             StoreError::Unavailable(err)
         } else if err.kind() == ErrorKind::Parse {
             // A reply that did not decode into the type asked for.
@@ -116,8 +132,8 @@ pub struct Store {
     dedup: Duration,
     /// The policies in force, for the `max_items` a flush cuts a group by.
     policies: PolicyHandle,
-    /// One add writer per shard (see [`Store::add`]).
-    writers: Arc<[mpsc::UnboundedSender<AddJob>]>,
+    /// One add writer per shard, with its bounded queue (see [`Store::add`]).
+    queues: Arc<[ShardQueue]>,
 }
 
 impl Store {
@@ -133,7 +149,7 @@ impl Store {
     ) -> Result<Store> {
         let connector = Connector::new(target)?;
         let conn = connector.shared(target.timeouts)?;
-        let writers = (0..keys.shards())
+        let queues = (0..keys.shards())
             .map(|shard| {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let writer = AddWriter {
@@ -144,7 +160,7 @@ impl Store {
                     shard,
                 };
                 tokio::spawn(writer.run(rx));
-                tx
+                ShardQueue::new(tx, crate::config::DEFAULT_MAX_QUEUED_ADDS)
             })
             .collect();
         Ok(Store {
@@ -155,8 +171,15 @@ impl Store {
             keys,
             dedup: dedup_window,
             policies,
-            writers,
+            queues,
         })
+    }
+
+    /// The same store with each shard's add queue bounded to `max` items
+    /// (`[limits] max_queued_adds`); call it before the store is shared.
+    pub fn with_max_queued_adds(mut self, max: NonZeroUsize) -> Store {
+        self.queues = self.queues.iter().map(|q| q.resized(max)).collect();
+        self
     }
 
     /// The key layout.

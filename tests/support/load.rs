@@ -33,6 +33,8 @@ pub struct Tally {
     pub other_errors: Vec<String>,
     /// The longest time one caller went from a failure to an answer.
     pub longest_outage: Duration,
+    /// The longest time one failed call took to fail.
+    pub slowest_failure: Duration,
     /// Callers that gave up after [`OUTAGE_LIMIT`] without an answer.
     pub gave_up: usize,
 }
@@ -145,8 +147,13 @@ impl Caller {
         let mut failing_since: Option<Instant> = None;
         loop {
             let call = self.client.add(add(key, id, b"payload"));
+            let sent = Instant::now();
             let reply = tokio::time::timeout(DEADLINE, call).await;
             let reply = reply.unwrap_or_else(|_| panic!("add {key}/{id} hung"));
+            if reply.is_err() {
+                let mut tally = self.tally.lock().unwrap();
+                tally.slowest_failure = tally.slowest_failure.max(sent.elapsed());
+            }
             if let Some(answered) = self.record(reply, (key, id), failing_since) {
                 return answered;
             }

@@ -391,6 +391,25 @@ pub async fn wait_for_calls(redis: &RedisServer, commands: &[&str], more: u64) {
     .await;
 }
 
+/// A redis-server hung with SIGSTOP, as a stalled Redis would be: it keeps
+/// its connections but answers nothing. SIGCONT when dropped, so a failing
+/// test does not leave it stopped.
+pub struct Paused(u32);
+
+impl Paused {
+    pub fn new(redis: &RedisServer) -> Paused {
+        let pid = redis.pid().expect("redis-server runs");
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        Paused(pid)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
 /// Batches retained over the 4 shard streams of a test config.
 pub fn stream_len(redis: &RedisServer) -> usize {
     (0..4)

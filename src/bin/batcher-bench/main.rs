@@ -4,7 +4,7 @@
 //! `service.rs` (the config under test and a fresh service per scenario),
 //! `runner.rs` (runs the scenarios in order), `ceiling.rs`, one file per
 //! scenario (`ingest.rs`, `precision.rs`, `fanout.rs`, `scale.rs`,
-//! `remembered.rs`, `cluster.rs`) over `scenarios.rs` (what they share) and
+//! `remembered.rs`, `overload.rs`, `cluster.rs`) over `scenarios.rs` (what they share) and
 //! `load.rs` (load generation), `procs.rs` (child processes, CPU and RSS),
 //! `reports.rs` and `cluster_report.rs` (results to rows and notes),
 //! `report.rs` (the table and BENCHMARKS.md) and
@@ -111,6 +111,18 @@
 //!    prefix and the default one. The details end with a projection from the
 //!    measured cost: items/s per master core = 1e6 / µs per item, and the
 //!    masters 100k, 500k and 1M items/s need. Not run with `--service`.
+//! 10. **Overload.** On a fresh service over an emptied Redis, scenario 1's
+//!     closed-loop load first measures the items/s the service takes (its
+//!     capacity); then AddMany calls of 100 items (10k keys) are sent
+//!     open-loop at a fixed rate of 2× that, over 16 connections, for 10 s
+//!     (quick: 2 s) after the warm-up, whatever the replies. Figures, over
+//!     calls completing inside the window: accepted items/s (and as a
+//!     multiple of capacity), the share of calls refused RESOURCE_EXHAUSTED,
+//!     accepted calls' p50/p99, other errors (there must be none), and the
+//!     service's VmRSS sampled every 100 ms (max, and the series in the
+//!     details). Target: max RSS ≤ 2× the idle RSS + (shards ×
+//!     `max_queued_adds`) × 1 KiB, p99 ≤ 1 s (half the default deadline),
+//!     refusals present, no other errors.
 
 mod ceiling;
 mod cluster;
@@ -119,6 +131,7 @@ mod fanout;
 mod ingest;
 mod load;
 mod method;
+mod overload;
 mod precision;
 mod procs;
 mod remembered;
@@ -160,7 +173,7 @@ struct Args {
     /// target/BENCHMARKS.partial.md].
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
-    /// Run only these scenarios (comma-separated: ceiling,1,2,3,4,5,6,7,8,9;
+    /// Run only these scenarios (comma-separated: ceiling,1,2,3,4,5,6,7,8,9,10;
     /// 5, 6 and 7 run together; 9 compares with 1 when both run), e.g. to
     /// profile one of them.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]

@@ -60,6 +60,13 @@ pub const METHOD: &str = "\
   a rate needs ⌈rate × µs per item / 1e6⌉ masters with an even spread, times the busiest \
   master's share × masters otherwise. This machine's 2 cores run all 3 masters, the service and \
   the load, so the scenario cannot show the scaling itself.
+- **10. Overload**: on a fresh service over an emptied Redis, scenario 1's closed-loop load \
+  measures the items/s the service takes (capacity); then AddMany calls of 100 items are sent \
+  open-loop at 2× that rate for the window, whatever the replies. Over calls completing in the \
+  window: accepted items/s, the share refused RESOURCE_EXHAUSTED, accepted p50/p99, other \
+  errors; the service's VmRSS every 100 ms. Target: max RSS ≤ 2× idle RSS + shards × \
+  `max_queued_adds` × 1 KiB, p99 ≤ 1 s (half the default deadline), refusals present, no \
+  other errors.
 - CPU figures are the user+system time of each process over the measured window, in percent \
   of one core.
 ";

@@ -5,6 +5,7 @@ use super::ceiling::Ceiling;
 use super::fanout::Fanout;
 use super::ingest::Ingest;
 use super::load;
+use super::overload::{OVERLOAD, Overload};
 use super::precision::Precision;
 use super::remembered::Remembered;
 use super::report::{Row, Verdict};
@@ -294,5 +295,71 @@ pub fn remembered(runner: &mut Runner, name: &str, r: &Remembered) {
         r.memory_after as f64 / 1048576.0,
         r.stream_bytes as f64 / 1048576.0,
         r.used_memory_per_item(),
+    ));
+}
+
+/// The overload target on accepted calls' p99, in ms: half the default
+/// per-call deadline, so accepted calls stay well clear of it.
+const OVERLOAD_P99_MS: f64 = 1000.0;
+/// Memory the RSS bound allows per queued item, in KiB: the decoded
+/// request, the queued item and its script arguments, generously.
+const OVERLOAD_KIB_PER_ITEM: u64 = 1;
+
+/// The overload row: accepted throughput and latency, refusals, peak RSS
+/// against its bound (2 × idle RSS + every shard's queue full at
+/// [`OVERLOAD_KIB_PER_ITEM`] per item), and the RSS series in the notes.
+pub fn overload(runner: &mut Runner, name: &str, r: &Overload, queued_items: u64) {
+    let (p50, p99) = (load::ms(&r.latency, 0.5), load::ms(&r.latency, 0.99));
+    let accepted_per_sec = r.accepted_items as f64 / r.window.as_secs_f64();
+    let bound = r
+        .idle_rss_kib
+        .map(|idle| 2 * idle + queued_items * OVERLOAD_KIB_PER_ITEM);
+    let rss_ok = match (r.max_rss_kib(), bound) {
+        (Some(max), Some(bound)) => max <= bound,
+        // An external service: its RSS cannot be read.
+        _ => true,
+    };
+    let pass = rss_ok && p99 <= OVERLOAD_P99_MS && r.refused_calls > 0 && r.other_errors == 0;
+    runner.rows.push(Row::new(
+        name,
+        format!(
+            "{accepted_per_sec:.0} items/s accepted, {:.0}% of calls refused, p50 {p50:.1} ms, \
+             p99 {p99:.1} ms, max RSS {} (bound {}), {} other errors",
+            100.0 * r.refused_share(),
+            r.max_rss_kib().map_or("n/a".into(), mib),
+            bound.map_or("n/a".into(), mib),
+            r.other_errors
+        ),
+        format!(
+            "RSS ≤ 2× idle + queues × {OVERLOAD_KIB_PER_ITEM} KiB/item, \
+             p99 ≤ {OVERLOAD_P99_MS:.0} ms, refusals > 0, no other errors"
+        ),
+        format!("{:.2}× capacity", ratio(accepted_per_sec, r.capacity)),
+        Verdict::of(pass),
+    ));
+    let series: Vec<String> = r
+        .rss
+        .iter()
+        .step_by((r.rss.len() / 12).max(1))
+        .map(|(t, kib)| format!("{t:.1} s {}", mib(*kib)))
+        .collect();
+    runner.notes.push(format!(
+        "10. Overload: capacity {:.0} items/s (closed loop), offered {:.0} items/s \
+         ({OVERLOAD}×, open loop, AddMany of 100); {} calls in the window: {} accepted \
+         ({} items), {} RESOURCE_EXHAUSTED, {} other{}; {} calls not sent (bench backlog); \
+         idle RSS {}; RSS over time: {}.",
+        r.capacity,
+        r.offered,
+        r.calls(),
+        r.accepted_calls,
+        r.accepted_items,
+        r.refused_calls,
+        r.other_errors,
+        r.first_other
+            .as_ref()
+            .map_or(String::new(), |e| format!(" (first: {e})")),
+        r.skipped,
+        r.idle_rss_kib.map_or("n/a".into(), mib),
+        series.join(", ")
     ));
 }

@@ -10,7 +10,9 @@ use super::ingest::Ingest;
 use super::report::{Row, Verdict};
 use super::scenarios::{Sizes, Target};
 use super::service::Env;
-use super::{cluster, cluster_report, fanout, ingest, load, precision, remembered, reports, scale};
+use super::{
+    cluster, cluster_report, fanout, ingest, load, overload, precision, remembered, reports, scale,
+};
 
 /// The table rows and notes collected so far, and whether any scenario could
 /// not run.
@@ -109,6 +111,7 @@ pub async fn run_all(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &st
     let streaming_rss = run_fanout(runner, env, sizes, run).await;
     run_scale(runner, env, sizes, run, streaming_rss).await;
     run_remembered(runner, env, sizes, run).await;
+    run_overload(runner, env, sizes, run).await;
     env.service = None;
     run_cluster(runner, env, sizes, run, single.as_ref()).await;
 }
@@ -233,6 +236,24 @@ async fn run_remembered(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: 
         let future = remembered::remembered_ids(&target, sizes, run, &keyspace);
         if let Some(r) = runner.attempt(name, Duration::from_secs(120), future).await {
             reports::remembered(runner, name, &r);
+        }
+    }
+}
+
+/// Scenario 10, on an emptied Redis: twice the load the service can take.
+async fn run_overload(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &str) {
+    let name = format!("10. overload: AddMany at {}× capacity", overload::OVERLOAD);
+    if runner.wants("10")
+        && let Some(target) = runner.setup(&name, env.fresh(true).await)
+    {
+        let limits = &env.config.limits;
+        let queued = u64::from(env.config.redis.shards.get()) * limits.max_queued_adds.get() as u64;
+        let future = overload::overload(&target, sizes, run);
+        if let Some(r) = runner
+            .attempt(&name, Duration::from_secs(120), future)
+            .await
+        {
+            reports::overload(runner, &name, &r, queued);
         }
     }
 }
