@@ -134,6 +134,28 @@ pub(super) fn check(config: &Config) -> Result<(), Violation> {
             "needs url or cluster_nodes: the embedded redis-server has no password".to_owned(),
         ));
     }
+    message_bytes(config)
+}
+
+/// `[limits] max_message_bytes` holds at least one add of the largest key,
+/// item id and payload, with room for the protobuf framing.
+fn message_bytes(config: &Config) -> Result<(), Violation> {
+    const FRAMING: u64 = 64;
+    let l = &config.limits;
+    let one_add = l.max_key_bytes.as_u64()
+        + l.max_item_id_bytes.as_u64()
+        + l.max_payload_bytes.as_u64()
+        + FRAMING;
+    if l.max_message_bytes.as_u64() < one_add {
+        return Err(violation(
+            &["limits", "max_message_bytes"],
+            format!(
+                "must hold one add of the largest key, item id and payload: at least {one_add} \
+                 bytes, got {}",
+                l.max_message_bytes.as_u64()
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -209,6 +231,7 @@ mod tests {
         format!("[[auth.tokens]]\nname = \"{name}\"\nsha256 = \"{sha256}\"\n{rest}\n")
     }
 
+    /// Tokens, password_file and max_message_bytes are refused with the rule they break.
     #[test]
     fn tokens_are_checked() {
         let roles = "roles = [\"read\"]";
@@ -248,6 +271,11 @@ mod tests {
             (
                 "[redis]\npassword_file = \"p\"\n".to_owned(),
                 "needs url or cluster_nodes",
+            ),
+            (
+                "[limits]\nmax_message_bytes = \"64KiB\"\n".to_owned(),
+                "[limits] max_message_bytes: must hold one add of the largest key, item id and \
+                 payload: at least 66112 bytes",
             ),
         ] {
             let err = error(&text).unwrap_or_else(|| panic!("{text} loads"));

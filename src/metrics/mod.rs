@@ -255,6 +255,15 @@ pub fn redis_error(err: &RedisError, transient: bool) {
     } else {
         "other"
     };
+    count_redis_error(kind);
+}
+
+/// Counts a call whose deadline passed while it waited on Redis (kind `timeout`).
+pub fn redis_timeout() {
+    count_redis_error("timeout");
+}
+
+fn count_redis_error(kind: &str) {
     let index = REDIS_ERROR_KINDS.iter().position(|k| *k == kind);
     if let Some(counter) = index.and_then(|i| HANDLES.redis_errors.get(i)) {
         counter.increment(1);

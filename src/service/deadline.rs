@@ -68,7 +68,10 @@ where
         Box::pin(async move {
             let response = match tokio::time::timeout_at(deadline.at, call).await {
                 Ok(response) => response?,
-                Err(_) => Status::from(Error::Store(deadline.expired())).into_http(),
+                Err(_) => {
+                    crate::metrics::redis_timeout();
+                    Status::from(Error::Store(deadline.expired())).into_http()
+                }
             };
             Ok(too_large_is_exhausted(response))
         })
