@@ -12,12 +12,15 @@
 //! - `store`: every script call and every Redis read and write, on one Redis or
 //!   a Redis Cluster (with `WAIT` for replicas when asked), including the
 //!   subscribers' blocking stream reads on their dedicated connections; replies
-//!   are decoded into our types by `FromRedisValue`.
+//!   are decoded into our types by `FromRedisValue`; adds wait in bounded
+//!   per-shard queues.
 //! - `sweeper`: flushes groups whose wait window has passed.
 //! - `subscribers`: live subscriptions (shard tails fanned out to subscribers)
-//!   and durable ones (consumers of a consumer group).
-//! - `service`: the gRPC API: handlers, request checks, protobuf conversions, and
-//!   the mapping of errors to status codes with AIP-193 error details.
+//!   and durable ones (consumers of a consumer group, each holding at most
+//!   `max_unacked` unacked batches).
+//! - `service`: the gRPC API: handlers, request checks, protobuf conversions,
+//!   one deadline per call, and the mapping of errors to status codes with
+//!   AIP-193 error details.
 //! - `embedded`: runs and supervises a `redis-server` child when no URL is configured;
 //!   its `launcher` starts every `redis-server` child and local clusters
 //!   (embedded mode, bench, tests).
