@@ -231,7 +231,10 @@ async fn max_subscribers_refuses_the_next_until_one_ends() {
 #[tokio::test]
 async fn message_over_the_size_limit_is_refused() {
     let redis = RedisServer::start();
-    let config = config(&redis.url(), "[limits]\nmax_message_bytes = 1024\n");
+    let config = config(
+        &redis.url(),
+        "[limits]\nmax_message_bytes = 1024\nmax_payload_bytes = 512\nmax_key_bytes = 64\nmax_item_id_bytes = 64\n",
+    );
     let service = Service::start(config).await;
     let mut client = service.client().await;
     let status = client
