@@ -7,13 +7,12 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use batcher::metrics::FAMILIES;
 use batcher::pb;
+use support::scrape::{Scrape, scrape};
 use support::{Process, RedisServer, Service, add, config, eventually, next_batch};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Client = pb::batcher_client::BatcherClient<tonic::transport::Channel>;
 
@@ -25,61 +24,6 @@ max_wait = "1h"
 [keys."t-*"]
 max_wait = "200ms"
 "#;
-
-/// One scrape, parsed: series (name and sorted labels) to value.
-struct Scrape(BTreeMap<String, f64>);
-
-impl Scrape {
-    /// How much `name` with exactly `labels` grew since `before`.
-    fn delta(&self, before: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.get(name, labels) - before.get(name, labels)
-    }
-
-    /// The value of `name` with exactly `labels`; 0 when absent.
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.0
-            .get(&series(name, labels.iter().map(|(k, v)| (*k, *v))))
-            .copied()
-            .unwrap_or(0.0)
-    }
-}
-
-/// The canonical form of a series: `name{k=v,...}` with labels sorted.
-fn series<'a>(name: &str, labels: impl Iterator<Item = (&'a str, &'a str)>) -> String {
-    let mut labels: Vec<String> = labels.map(|(k, v)| format!("{k}={v}")).collect();
-    labels.sort();
-    format!("{name}{{{}}}", labels.join(","))
-}
-
-/// GETs `/metrics` at `addr` over a plain TCP connection and parses it.
-async fn scrape(addr: SocketAddr) -> Scrape {
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request = "GET /metrics HTTP/1.1\r\nHost: batcher\r\nConnection: close\r\n\r\n";
-    tcp.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    tcp.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
-    let mut values = BTreeMap::new();
-    for line in body
-        .lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-    {
-        let (id, value) = line.rsplit_once(' ').expect("`series value`");
-        let (name, labels) = id.split_once('{').unwrap_or((id, "}"));
-        let labels = labels
-            .trim_end_matches('}')
-            .split(',')
-            .filter(|l| !l.is_empty());
-        let labels = labels.map(|l| {
-            let (k, v) = l.split_once('=').expect("k=\"v\"");
-            (k, v.trim_matches('"'))
-        });
-        values.insert(series(name, labels), value.parse().expect("a number"));
-    }
-    Scrape(values)
-}
 
 /// Waits until a scrape satisfies `test`, and returns it.
 async fn scrape_until(addr: SocketAddr, what: &str, test: impl Fn(&Scrape) -> bool) -> Scrape {
@@ -219,10 +163,7 @@ async fn subscribers_and_consumers(http: SocketAddr, client: &mut Client) {
     })
     .await;
     let s = scrape(http).await;
-    assert!(s.0.contains_key(&series(
-        "batcher_dead_letters",
-        [("consumer_group", "readers")].into_iter()
-    )));
+    assert!(s.has("batcher_dead_letters", &[("consumer_group", "readers")]));
     drop((live, reader));
     scrape_until(http, "the subscribers to leave", |s| {
         subscribers(s, "live") == subscribers(&base, "live")

@@ -24,10 +24,25 @@ fn prefetch(ack_timeout: &str, max_unacked: u32) -> String {
     )
 }
 
+/// The consumer group of every test but the soak.
+const GROUP: &str = "trucks";
+/// The soak's consumer group: its lag gauge is its own, although the
+/// metrics recorder is shared by every service in this process.
+const SOAK_GROUP: &str = "soak";
+
 /// The consumer `consumer` of the group "trucks", through `client`.
 async fn join(client: &mut BatcherClient<Channel>, consumer: &str) -> tonic::Streaming<pb::Batch> {
+    join_group(client, GROUP, consumer).await
+}
+
+/// The consumer `consumer` of `group`, through `client`.
+async fn join_group(
+    client: &mut BatcherClient<Channel>,
+    group: &str,
+    consumer: &str,
+) -> tonic::Streaming<pb::Batch> {
     let request = pb::SubscribeRequest {
-        consumer_group: "trucks".into(),
+        consumer_group: group.into(),
         consumer: consumer.into(),
         ..Default::default()
     };
@@ -49,8 +64,13 @@ async fn flush(client: &mut BatcherClient<Channel>, key: &str, n: usize) -> Vec<
 
 /// Acks batches for the group "trucks"; returns how many were pending.
 async fn ack(client: &mut BatcherClient<Channel>, ids: &[String]) -> u32 {
+    ack_group(client, GROUP, ids).await
+}
+
+/// Acks batches for `group`; returns how many were pending.
+async fn ack_group(client: &mut BatcherClient<Channel>, group: &str, ids: &[String]) -> u32 {
     let request = pb::AckRequest {
-        consumer_group: "trucks".into(),
+        consumer_group: group.into(),
         batch_ids: ids.to_vec(),
     };
     client.ack(request).await.unwrap().into_inner().acked
@@ -161,8 +181,24 @@ async fn work(
             .entry(batch.id.clone())
             .or_default() += 1;
         tokio::time::sleep(SOAK_WORK).await;
-        let acked = ack(&mut client, std::slice::from_ref(&batch.id)).await;
+        let acked = ack_group(&mut client, SOAK_GROUP, std::slice::from_ref(&batch.id)).await;
         *seen.lock().unwrap().acked.entry(batch.id).or_default() += acked;
+    }
+}
+
+/// The most `batcher_consumer_lag` of the soak's group seen so far.
+static MOST_LAG: Mutex<f64> = Mutex::new(0.0);
+
+/// Samples `/metrics` at `http` every 100 ms, keeping the most consumer lag
+/// of the soak's group in `MOST_LAG`, until aborted.
+async fn watch_lag(http: std::net::SocketAddr) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tick.tick().await;
+        let scrape = support::scrape::scrape(http).await;
+        let lag = scrape.get("batcher_consumer_lag", &[("consumer_group", SOAK_GROUP)]);
+        let mut most = MOST_LAG.lock().unwrap();
+        *most = most.max(lag);
     }
 }
 
@@ -191,9 +227,10 @@ async fn produce(mut client: BatcherClient<Channel>, name: &str, per_tick: usize
 }
 
 /// Producers at a steady rate and two consumers, on two instances, that
-/// together work at half that rate, with a short ack_timeout: after the
-/// drain every flushed batch was acked exactly once, and at most 1% of the
-/// batches were delivered more than once.
+/// together work at half that rate, with a short ack_timeout: the backlog
+/// shows as consumer lag in the metrics, after the drain every flushed batch
+/// was acked exactly once, and at most 1% of the batches were delivered more
+/// than once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_consumers_under_load_see_no_redelivery_storm() {
     let redis = RedisServer::start();
@@ -203,7 +240,11 @@ async fn slow_consumers_under_load_see_no_redelivery_storm() {
     let seen = Arc::new(Mutex::new(Seen::default()));
     // Both consumers have joined (and so created) the group before anything is flushed.
     let (mut via_a, mut via_b) = (a.client().await, b.client().await);
-    let (c1, c2) = (join(&mut via_a, "c1").await, join(&mut via_b, "c2").await);
+    let (c1, c2) = (
+        join_group(&mut via_a, SOAK_GROUP, "c1").await,
+        join_group(&mut via_b, SOAK_GROUP, "c2").await,
+    );
+    let lag = tokio::spawn(watch_lag(a.http_addr.expect("an http listener")));
     let consumers = [
         tokio::spawn(work(via_a, c1, seen.clone())),
         tokio::spawn(work(via_b, c2, seen.clone())),
@@ -233,6 +274,10 @@ async fn slow_consumers_under_load_see_no_redelivery_storm() {
     for consumer in consumers {
         consumer.abort();
     }
+    lag.abort();
+    let _ = lag.await;
+    let most_lag = *MOST_LAG.lock().unwrap();
+    assert!(most_lag > 0.0, "the backlog never showed as consumer lag");
     a.stop().await;
     b.stop().await;
     let seen = seen.lock().unwrap();

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod layout;
 pub mod load;
 pub mod redis;
+pub mod scrape;
 pub mod tls;
 
 use std::collections::HashMap;
