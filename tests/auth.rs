@@ -450,7 +450,7 @@ async fn scoped_subscribe_sees_only_its_prefixes() {
 
 /// SIGHUP reloads the tokens: a token added to the file is accepted and one
 /// removed is refused TOKEN_UNKNOWN, without a restart; the log never holds
-/// a token.
+/// a token; removing the whole [auth] table keeps the tokens in force.
 #[tokio::test]
 async fn sighup_adds_and_removes_tokens() {
     let redis = RedisServer::start();
@@ -479,6 +479,19 @@ async fn sighup_adds_and_removes_tokens() {
     for (secret, _, _) in TOKENS {
         assert!(!log.contains(&format!("Bearer {secret}")), "{log}");
     }
+
+    // Removing the whole [auth] table does not open the port before a restart.
+    std::fs::write(&path, config_text(&redis, &[])).unwrap();
+    process.signal(libc::SIGHUP);
+    eventually("the removal of [auth] to be refused", || {
+        let refused = process.log().contains("[auth] was removed");
+        async move { refused.then_some(()) }
+    })
+    .await;
+    let mut anonymous = client(process.addr, None).await;
+    let status = call(&mut anonymous, "GetGroup", "k").await.unwrap_err();
+    assert_error_info(&status, "TOKEN_MISSING");
+    call(&mut new, "GetGroup", "k").await.unwrap();
 }
 
 /// With no [auth], a service listening beyond loopback warns at start-up
