@@ -154,6 +154,15 @@ impl BatcherService {
         })
     }
 
+    /// The body of a request about one key, once the caller's token may
+    /// touch that key and the key is valid (field `key`).
+    fn keyed<T>(&self, request: Request<T>, key: impl Fn(&T) -> &String) -> Result<T, Error> {
+        Caller::of(&request).check_key(key(request.get_ref()))?;
+        let req = request.into_inner();
+        self.check_key("key", key(&req))?;
+        Ok(req)
+    }
+
     /// An open group for the wire, with the policy its key resolves to now.
     fn group_pb(&self, group: Group) -> pb::Group {
         let policy = self.policies.current().resolve(&group.key);
@@ -236,9 +245,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::RemoveRequest>,
     ) -> Result<Response<pb::RemoveResponse>, Status> {
-        Caller::of(&request).check_key(&request.get_ref().key)?;
-        let req = request.into_inner();
-        self.check_key("key", &req.key)?;
+        let req = self.keyed(request, |r| &r.key)?;
         self.check_id("item_id", &req.item_id)?;
         let (removed, group_size) = self.store.remove(&req.key, &req.item_id).await?;
         Ok(Response::new(pb::RemoveResponse {
@@ -251,9 +258,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::FlushRequest>,
     ) -> Result<Response<pb::FlushResponse>, Status> {
-        Caller::of(&request).check_key(&request.get_ref().key)?;
-        let req = request.into_inner();
-        self.check_key("key", &req.key)?;
+        let req = self.keyed(request, |r| &r.key)?;
         let batches: Vec<pb::Batch> = self
             .store
             .flush(&req.key, FlushReason::Manual)
@@ -271,9 +276,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         &self,
         request: Request<pb::GetGroupRequest>,
     ) -> Result<Response<pb::GetGroupResponse>, Status> {
-        Caller::of(&request).check_key(&request.get_ref().key)?;
-        let req = request.into_inner();
-        self.check_key("key", &req.key)?;
+        let req = self.keyed(request, |r| &r.key)?;
         let group = self.store.group(&req.key).await?;
         Ok(Response::new(pb::GetGroupResponse {
             group: group.map(|g| self.group_pb(g)),
