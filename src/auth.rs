@@ -28,12 +28,13 @@ use crate::store::Store;
 use crate::subscribers::Filter;
 
 /// The Batcher methods and the role that allows each (admin allows all).
-const METHODS: [(&str, Role); 10] = [
+const METHODS: [(&str, Role); 11] = [
     ("Add", Role::Produce),
     ("AddMany", Role::Produce),
     ("Remove", Role::Produce),
     ("Subscribe", Role::Consume),
     ("Ack", Role::Consume),
+    ("Requeue", Role::Consume),
     ("GetGroup", Role::Read),
     ("ListGroups", Role::Read),
     ("Flush", Role::Admin),

@@ -2,15 +2,34 @@
 //! (shared with the Lua scripts), and the item blob the scripts write a
 //! batch's items in.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-/// One item: an id unique within its key, and an opaque payload.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One item: an id unique within its key, an opaque payload, and what the
+/// policies read: its measures and its deadline.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Item {
     pub id: Vec<u8>,
     pub payload: Vec<u8>,
+    /// Named amounts (weight, volume...), by name.
+    pub measures: BTreeMap<String, u64>,
+    /// The latest time its batch may be flushed (ms since the Unix epoch).
+    pub deadline_ms: Option<u64>,
+    /// How many times Requeue has put it back.
+    pub requeue_count: u32,
+}
+
+impl Item {
+    /// An item with only an id and a payload.
+    pub fn new(id: impl Into<Vec<u8>>, payload: impl Into<Vec<u8>>) -> Item {
+        Item {
+            id: id.into(),
+            payload: payload.into(),
+            ..Item::default()
+        }
+    }
 }
 
 /// Defines [`FlushReason`] and its table from one list of `Variant = "WORD"`.
@@ -46,6 +65,18 @@ flush_reasons! {
     Bytes = "BYTES",
     /// A client asked for the flush.
     Manual = "MANUAL",
+    /// The next item would not fit the key's capacity, or the sums reached it.
+    Capacity = "CAPACITY",
+    /// No item arrived for the key's `max_idle`.
+    Idle = "IDLE",
+    /// One of the key's cutoffs (departure times) came.
+    Cutoff = "CUTOFF",
+    /// An item's deadline minus the key's `deadline_lead` came.
+    Deadline = "DEADLINE",
+    /// The group reached the key's `max_age`.
+    MaxAge = "MAX_AGE",
+    /// An add with `close_group` closed it.
+    Closed = "CLOSED",
 }
 
 impl FlushReason {
@@ -147,15 +178,16 @@ pub struct Group {
     pub bytes: u64,
     pub opened_at_ms: u64,
     pub due_at_ms: u64,
+    /// The rule that set `due_at_ms`.
+    pub due_reason: FlushReason,
+    /// When the latest item arrived (ms, Redis clock).
+    pub last_added_ms: u64,
+    /// The wait window the group was opened with.
+    pub max_wait: Duration,
+    /// The sums of the items' measures.
+    pub measures: BTreeMap<String, u64>,
     /// Empty in listings.
     pub items: Vec<Item>,
-}
-
-impl Group {
-    /// The wait window the group was opened with.
-    pub fn max_wait(&self) -> Duration {
-        Duration::from_millis(self.due_at_ms.saturating_sub(self.opened_at_ms))
-    }
 }
 
 /// Data in Redis that does not have the shape the scripts write.
@@ -187,7 +219,7 @@ pub fn decode_items(mut blob: &[u8], expected: usize) -> Result<Vec<Item>, Decod
     while !blob.is_empty() {
         let id = take(&mut blob)?.to_vec();
         let payload = take(&mut blob)?.to_vec();
-        items.push(Item { id, payload });
+        items.push(Item::new(id, payload));
     }
     if items.len() != expected {
         return Err(DecodeError(format!(

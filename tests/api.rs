@@ -471,6 +471,7 @@ async fn bad_adds_are_rejected_and_nothing_is_written() {
     let no_item = pb::AddRequest {
         key: "k".into(),
         item: None,
+        ..Default::default()
     };
     let cases: Vec<(pb::AddRequest, &str)> = vec![
         (add("", "a", b""), "key"),

@@ -197,15 +197,10 @@ async fn expired_queued_add_is_never_written() {
     let store = store(&config);
     let item = |id: &str| NewItem {
         key: "k".into(),
-        item: Item {
-            id: id.as_bytes().to_vec(),
-            payload: Vec::new(),
-        },
-        policy: Policy {
-            max_items: 10,
-            max_wait: Duration::from_secs(60),
-            max_bytes: None,
-        },
+        item: Item::new(id, ""),
+        policy: Policy::basic(10, Duration::from_secs(60), None),
+        close: false,
+        requeue_of: None,
     };
     let expired = Deadline {
         at: tokio::time::Instant::now(),

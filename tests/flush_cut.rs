@@ -31,11 +31,7 @@ fn open(redis: &RedisServer, handle: &PolicyHandle) -> Store {
 }
 
 fn policy(max_items: u32, max_wait: Duration) -> Policy {
-    Policy {
-        max_items,
-        max_wait,
-        max_bytes: None,
-    }
+    Policy::basic(max_items, max_wait, None)
 }
 
 /// Adds `count` items `i0, i1, ...` to `key` under `policy`, one call each.
@@ -44,17 +40,16 @@ async fn fill(store: &Store, key: &str, count: usize, policy: Policy) {
         let report = store
             .add(vec![NewItem {
                 key: key.into(),
-                item: Item {
-                    id: format!("i{i}").into_bytes(),
-                    payload: vec![b'p'; i],
-                },
-                policy,
+                item: Item::new(format!("i{i}"), vec![b'p'; i]),
+                policy: policy.clone(),
+                close: false,
+                requeue_of: None,
             }])
             .await
             .expect("add");
         assert_eq!(report.results[0].outcome, AddOutcome::Added);
         assert!(
-            report.results[0].flushed.is_none(),
+            report.results[0].flushed.is_empty(),
             "no flush while filling"
         );
     }
@@ -70,9 +65,9 @@ async fn reloaded(
     new_max: u32,
 ) -> Store {
     let old = policy(10, max_wait);
-    let handle = PolicyHandle::new(Policies::new(old, []));
+    let handle = PolicyHandle::new(Policies::new(old.clone(), []));
     let store = open(redis, &handle);
-    fill(&store, key, count, old).await;
+    fill(&store, key, count, old.clone()).await;
     handle.replace(Policies::new(policy(new_max, max_wait), []));
     store
 }
@@ -166,11 +161,10 @@ async fn completing_add_cuts_full_batches_and_keeps_the_rest() {
     let report = store
         .add(vec![NewItem {
             key: "east".into(),
-            item: Item {
-                id: b"i7".to_vec(),
-                payload: Vec::new(),
-            },
+            item: Item::new("i7", ""),
             policy: new,
+            close: false,
+            requeue_of: None,
         }])
         .await
         .unwrap();
@@ -178,7 +172,10 @@ async fn completing_add_cuts_full_batches_and_keeps_the_rest() {
     let all = support::all_batches(&store).await;
     assert_eq!(ids(&all), expected(&[3, 3]));
     assert!(all.iter().all(|b| b.reason == FlushReason::Size));
-    assert_eq!(report.results[0].flushed.as_ref(), all.last());
+    assert_eq!(
+        report.results[0].flushed, all,
+        "the add reports every batch it wrote"
+    );
     let open = store
         .group("east")
         .await

@@ -75,7 +75,7 @@ pub struct TokenConfig {
 pub enum Role {
     /// Add, AddMany, Remove.
     Produce,
-    /// Subscribe, Ack.
+    /// Subscribe, Ack, Requeue.
     Consume,
     /// GetGroup, ListGroups.
     Read,

@@ -333,11 +333,11 @@ impl Default for PolicyDefaults {
 impl PolicyDefaults {
     /// These defaults as a complete policy.
     pub fn policy(&self) -> Policy {
-        Policy {
-            max_items: self.max_items.get(),
-            max_wait: self.max_wait,
-            max_bytes: self.max_bytes.map(|b| b.as_u64()),
-        }
+        Policy::basic(
+            self.max_items.get(),
+            self.max_wait,
+            self.max_bytes.map(|b| b.as_u64()),
+        )
     }
 }
 
@@ -369,6 +369,7 @@ impl KeyPolicy {
             max_items: self.max_items.map_or(defaults.max_items, NonZeroU32::get),
             max_wait: self.max_wait.unwrap_or(defaults.max_wait),
             max_bytes: self.max_bytes.map(|b| b.as_u64()).or(defaults.max_bytes),
+            ..defaults
         }
     }
 }
@@ -538,10 +539,11 @@ impl Config {
     /// `[keys."..."]` table merged over `[defaults]`.
     pub fn policies(&self) -> Policies {
         let defaults = self.defaults.policy();
-        let patterns = self
+        let patterns: Vec<(String, Policy)> = self
             .keys
             .iter()
-            .map(|(pattern, table)| (pattern.clone(), table.over(defaults)));
+            .map(|(pattern, table)| (pattern.clone(), table.over(defaults.clone())))
+            .collect();
         Policies::new(defaults, patterns)
     }
 }

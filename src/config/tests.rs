@@ -35,11 +35,11 @@ fn err(text: &str) -> String {
 }
 
 fn policy(max_items: u32, max_wait: &str, max_bytes: Option<u64>) -> Policy {
-    Policy {
+    Policy::basic(
         max_items,
-        max_wait: humantime::parse_duration(max_wait).unwrap(),
+        humantime::parse_duration(max_wait).unwrap(),
         max_bytes,
-    }
+    )
 }
 
 fn nz(n: u32) -> NonZeroU32 {

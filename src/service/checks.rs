@@ -1,11 +1,14 @@
 //! Validation of request fields that no protobuf type expresses; every
 //! refusal names the field.
 
+use std::collections::BTreeMap;
+
 use bytesize::ByteSize;
 
 use super::errors::{Error, invalid};
 use super::{BatcherService, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, MAX_NAME_BYTES};
 use crate::batch;
+use crate::policy::Policy;
 
 impl BatcherService {
     pub(super) fn check_name(&self, field: &str, name: &str) -> Result<(), Error> {
@@ -73,6 +76,54 @@ pub(super) fn check_required_size(field: &str, len: usize, limit: ByteSize) -> R
         return Err(invalid(field, "must not be empty"));
     }
     check_size(field, len, limit)
+}
+
+/// The largest measure value: sums stay exact in the scripts' numbers.
+pub(super) const MAX_MEASURE: u64 = (1 << 53) - 1;
+
+/// Checks an item's measures (`field` is `...item.measures`): names as
+/// config names them, values that the scripts sum exactly, and none that
+/// alone exceeds the key's capacity.
+pub(super) fn measures(
+    field: &str,
+    measures: std::collections::HashMap<String, u64>,
+    policy: &Policy,
+) -> Result<BTreeMap<String, u64>, Error> {
+    let mut checked = BTreeMap::new();
+    for (name, value) in measures {
+        let at = format!("{field}[{name:?}]");
+        if !crate::policy::measure_name_ok(&name) {
+            return Err(invalid(at, "must be named by 1 to 64 of A-Z a-z 0-9 _ - ."));
+        }
+        if value > MAX_MEASURE {
+            return Err(invalid(
+                at,
+                format!("must be at most {MAX_MEASURE}, got {value}"),
+            ));
+        }
+        if let Some(&cap) = policy.capacity.get(&name)
+            && value > cap
+        {
+            return Err(invalid(
+                at,
+                format!("is {value}, more than the key's capacity of {cap}: it can never fit"),
+            ));
+        }
+        checked.insert(name, value);
+    }
+    Ok(checked)
+}
+
+/// A timestamp as ms since the Unix epoch; refuses one before the epoch or
+/// with nanos out of range.
+pub(super) fn timestamp_ms(field: &str, at: prost_types::Timestamp) -> Result<u64, Error> {
+    if at.seconds < 0 || !(0..1_000_000_000).contains(&at.nanos) {
+        return Err(invalid(
+            field,
+            "must be a valid time after 1970-01-01T00:00:00Z",
+        ));
+    }
+    Ok(at.seconds as u64 * 1000 + at.nanos as u64 / 1_000_000)
 }
 
 /// A listing's page size: 0 means the default; more than the maximum is refused.

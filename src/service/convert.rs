@@ -8,13 +8,19 @@ use crate::policy::Policy;
 use crate::store::{AddOutcome, AddResult};
 
 pub fn add_response(result: AddResult) -> pb::AddResponse {
+    let batches: Vec<pb::Batch> = result
+        .flushed
+        .iter()
+        .map(|b| batch_to_pb(b, String::new(), 0))
+        .collect();
     pb::AddResponse {
         outcome: match result.outcome {
             AddOutcome::Added => pb::AddOutcome::Added,
             AddOutcome::Duplicate => pb::AddOutcome::Duplicate,
         } as i32,
         group_size: result.group_size,
-        flushed: result.flushed.map(|b| batch_to_pb(&b, String::new(), 0)),
+        flushed: batches.last().cloned(),
+        batches,
     }
 }
 
@@ -32,25 +38,40 @@ pub fn duration(d: Duration) -> prost_types::Duration {
     }
 }
 
+/// A flush reason for the wire.
+pub fn reason_to_pb(reason: FlushReason) -> pb::FlushReason {
+    match reason {
+        FlushReason::Size => pb::FlushReason::Size,
+        FlushReason::Timeout => pb::FlushReason::Timeout,
+        FlushReason::Bytes => pb::FlushReason::Bytes,
+        FlushReason::Manual => pb::FlushReason::Manual,
+        FlushReason::Capacity => pb::FlushReason::Capacity,
+        FlushReason::Idle => pb::FlushReason::Idle,
+        FlushReason::Cutoff => pb::FlushReason::Cutoff,
+        FlushReason::Deadline => pb::FlushReason::Deadline,
+        FlushReason::MaxAge => pb::FlushReason::MaxAge,
+        FlushReason::Closed => pb::FlushReason::Closed,
+    }
+}
+
+/// An item for the wire.
+pub fn item_to_pb(item: batch::Item) -> pb::Item {
+    pb::Item {
+        id: item.id,
+        payload: item.payload,
+        measures: item.measures.into_iter().collect(),
+        deadline: item.deadline_ms.map(timestamp),
+        requeue_count: item.requeue_count,
+    }
+}
+
 /// Converts a batch for the wire.
 pub fn batch_to_pb(batch: &batch::Batch, cursor: String, delivery_count: u32) -> pb::Batch {
     pb::Batch {
         id: batch.id(),
         key: batch.key.clone(),
-        items: batch
-            .items
-            .iter()
-            .map(|item| pb::Item {
-                id: item.id.clone(),
-                payload: item.payload.clone(),
-            })
-            .collect(),
-        reason: match batch.reason {
-            FlushReason::Size => pb::FlushReason::Size,
-            FlushReason::Timeout => pb::FlushReason::Timeout,
-            FlushReason::Bytes => pb::FlushReason::Bytes,
-            FlushReason::Manual => pb::FlushReason::Manual,
-        } as i32,
+        items: batch.items.iter().cloned().map(item_to_pb).collect(),
+        reason: reason_to_pb(batch.reason) as i32,
         opened_at: Some(timestamp(batch.opened_at_ms)),
         flushed_at: Some(timestamp(batch.flushed_at_ms)),
         cursor,
@@ -66,16 +87,17 @@ pub fn group_to_pb(group: Group, policy: &Policy) -> pb::Group {
         opened_at: Some(timestamp(group.opened_at_ms)),
         due_at: Some(timestamp(group.due_at_ms)),
         max_items: policy.max_items,
-        max_wait: Some(duration(group.max_wait())),
+        max_wait: Some(duration(group.max_wait)),
         max_bytes: policy.max_bytes.unwrap_or(0),
-        items: group
-            .items
-            .into_iter()
-            .map(|item| pb::Item {
-                id: item.id,
-                payload: item.payload,
-            })
+        items: group.items.into_iter().map(item_to_pb).collect(),
+        measures: group.measures.into_iter().collect(),
+        capacity: policy
+            .capacity
+            .iter()
+            .map(|(name, cap)| (name.clone(), *cap))
             .collect(),
+        last_added_at: Some(timestamp(group.last_added_ms)),
+        due_reason: reason_to_pb(group.due_reason) as i32,
         key: group.key,
     }
 }

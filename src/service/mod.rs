@@ -8,6 +8,7 @@ mod checks;
 mod convert;
 mod deadline;
 pub mod errors;
+mod requeue;
 
 use std::collections::HashSet;
 use std::pin::Pin;
@@ -144,13 +145,23 @@ impl BatcherService {
             self.limits.max_payload_bytes,
         )?;
         let policy = self.policies.current().resolve(&req.key);
+        let measures = checks::measures(&format!("{field}item.measures"), item.measures, &policy)?;
+        let deadline_ms = item
+            .deadline
+            .map(|at| checks::timestamp_ms(&format!("{field}item.deadline"), at))
+            .transpose()?;
         Ok(NewItem {
             key: req.key,
             item: batch::Item {
                 id: item.id,
                 payload: item.payload,
+                measures,
+                deadline_ms,
+                requeue_count: 0,
             },
             policy,
+            close: req.close_group,
+            requeue_of: None,
         })
     }
 
@@ -416,5 +427,18 @@ impl pb::batcher_server::Batcher for BatcherService {
         caller.check_group(&self.store, &req.consumer_group).await?;
         let redriven = self.store.redrive(&req.consumer_group, &ids).await?;
         Ok(Response::new(pb::RedriveResponse { redriven }))
+    }
+
+    async fn requeue(
+        &self,
+        request: Request<pb::RequeueRequest>,
+    ) -> Result<Response<pb::RequeueResponse>, Status> {
+        let caller = Caller::of(&request);
+        let req = request.into_inner();
+        let (requeued, group_size) = self.requeue_items(&caller, req).await?;
+        Ok(Response::new(pb::RequeueResponse {
+            requeued,
+            group_size,
+        }))
     }
 }

@@ -34,6 +34,11 @@ pub struct NewItem {
     pub key: String,
     pub item: Item,
     pub policy: Policy,
+    /// Flush the group right after adding the item (`close_group`).
+    pub close: bool,
+    /// For a requeued item: the id of the batch it is requeued from. The
+    /// item then bypasses the dedup window, once per (batch, item).
+    pub requeue_of: Option<String>,
 }
 
 /// What an add did.
@@ -49,8 +54,9 @@ pub struct AddResult {
     pub outcome: AddOutcome,
     /// Size of the open group after the add; 0 when it flushed.
     pub group_size: u32,
-    /// The batch this add completed.
-    pub flushed: Option<Batch>,
+    /// Every batch this add wrote, oldest first: the group it completed,
+    /// and before it the group it flushed because the item did not fit.
+    pub flushed: Vec<Batch>,
 }
 
 /// The results of a set of adds, and the deadlines the adds opened.
@@ -310,8 +316,11 @@ impl AddWriter {
             .into_iter()
             .zip(items)
             .map(|((outcome, group_size, batch), new)| {
-                let flushed = batch.map(|batch| batch.into_batch(self.shard, &new.key));
-                if let Some(batch) = &flushed {
+                let flushed: Vec<Batch> = batch
+                    .into_iter()
+                    .map(|batch| batch.into_batch(self.shard, &new.key))
+                    .collect();
+                for batch in &flushed {
                     crate::metrics::flushed(batch, None);
                 }
                 AddResult {

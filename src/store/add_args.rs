@@ -94,11 +94,8 @@ mod tests {
     #[test]
     fn lays_out_groups_then_items() {
         let keyspace = Keyspace::new("t", 4);
-        let policy = |max_items, max_bytes| Policy {
-            max_items,
-            max_wait: Duration::from_millis(250),
-            max_bytes,
-        };
+        let policy =
+            |max_items, max_bytes| Policy::basic(max_items, Duration::from_millis(250), max_bytes);
         let mut args = AddArgs::new(&keyspace, 2, Duration::from_secs(60));
         args.item("a", &policy(10, None), b"1", b"x")
             .item("b", &policy(5, Some(64)), b"2", b"")

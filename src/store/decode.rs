@@ -165,10 +165,7 @@ impl FromRedisValue for GroupHash {
                 .iter()
                 .position(|b| *b == b',')
                 .ok_or("group item without sequence")?;
-            let item = Item {
-                id: id.to_vec(),
-                payload: value[comma + 1..].to_vec(),
-            };
+            let item = Item::new(id, &value[comma + 1..]);
             items.push((parse_u64(&value[..comma])?, item));
         }
         items.sort_by_key(|(seq, _)| *seq);
@@ -181,6 +178,10 @@ impl FromRedisValue for GroupHash {
             bytes: field(b"b")?,
             opened_at_ms: field(b"o")?,
             due_at_ms: field(b"d")?,
+            due_reason: FlushReason::Timeout,
+            last_added_ms: field(b"o")?,
+            max_wait: std::time::Duration::ZERO,
+            measures: Default::default(),
             items: items.into_iter().map(|(_, item)| item).collect(),
         })))
     }

@@ -186,6 +186,10 @@ impl Store {
                 bytes,
                 opened_at_ms: opened,
                 due_at_ms: *due,
+                due_reason: FlushReason::Timeout,
+                last_added_ms: opened,
+                max_wait: std::time::Duration::ZERO,
+                measures: Default::default(),
                 items: Vec::new(),
             }))
         });

@@ -49,6 +49,16 @@ impl Store {
         Ok(batches_from_entries(shard, reply.ids)?)
     }
 
+    /// The batch stored at `entry` of a shard's stream, if it is still
+    /// retained.
+    pub async fn batch(&self, shard: u16, entry: StreamId) -> Result<Option<Batch>> {
+        let mut conn = self.conn.clone();
+        let stream = self.keys.shard(shard).stream;
+        let id = entry.to_string();
+        let reply = conn.xrange_count(stream, &id, &id, 1).await?;
+        Ok(batches_from_entries(shard, reply.ids)?.pop())
+    }
+
     /// Waits up to `block` for batches of a shard's stream after `after`, and
     /// reads up to `count` of them. Blocking, so `conn` must be a connection
     /// of the caller's own ([`Store::blocking_connection`]), never the shared one.

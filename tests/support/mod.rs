@@ -168,7 +168,9 @@ pub fn add(key: &str, id: &str, payload: &[u8]) -> pb::AddRequest {
         item: Some(pb::Item {
             id: id.as_bytes().to_vec(),
             payload: payload.to_vec(),
+            ..Default::default()
         }),
+        ..Default::default()
     }
 }
 

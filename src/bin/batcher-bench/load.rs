@@ -75,7 +75,9 @@ pub fn add_request(key: String, id: Vec<u8>) -> pb::AddRequest {
         item: Some(pb::Item {
             id,
             payload: PAYLOAD.to_vec(),
+            ..Default::default()
         }),
+        ..Default::default()
     }
 }
 

@@ -8,16 +8,25 @@
 //! reload, without locking. `config` builds the table from the file's
 //! `[defaults]` and `[keys."..."]` tables; nothing here reads a file.
 
-use std::collections::HashMap;
+mod cutoff;
+
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-/// When a group is flushed: whichever threshold is reached first. Its
-/// `Default` is the `[defaults]` of an empty config file (see `config`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub use cutoff::Cutoffs;
+
+/// When a group is flushed: whichever rule comes first. Its `Default` is the
+/// `[defaults]` of an empty config file (see `config`).
+///
+/// Limits (`max_items`, `max_bytes`, `capacity`) and `min_items` apply to
+/// every decision as they are now; the rules that set a due time
+/// (`max_wait`, `max_idle`, `cutoffs`, `deadline_lead`, `max_age`) are fixed
+/// when a group opens. Cloning is cheap: the tables are shared.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// Flush when the group holds this many items.
     pub max_items: u32,
@@ -25,6 +34,44 @@ pub struct Policy {
     pub max_wait: Duration,
     /// Flush when the group's payload bytes reach this, if set.
     pub max_bytes: Option<u64>,
+    /// Flush when no item has arrived for this long, if set.
+    pub max_idle: Option<Duration>,
+    /// The most each named measure may sum to in one group.
+    pub capacity: Arc<BTreeMap<String, u64>>,
+    /// Departure times: a group is due at the first one after it opened.
+    pub cutoffs: Option<Arc<Cutoffs>>,
+    /// A group is due this long before its earliest item deadline.
+    pub deadline_lead: Duration,
+    /// Below this size a TIMEOUT or IDLE flush is held (0: never held).
+    pub min_items: u32,
+    /// The longest a group may stay open, holds included, if set.
+    pub max_age: Option<Duration>,
+}
+
+impl Policy {
+    /// A policy with only the count, wait and byte thresholds.
+    pub fn basic(max_items: u32, max_wait: Duration, max_bytes: Option<u64>) -> Policy {
+        Policy {
+            max_items,
+            max_wait,
+            max_bytes,
+            max_idle: None,
+            capacity: Arc::default(),
+            cutoffs: None,
+            deadline_lead: Duration::ZERO,
+            min_items: 0,
+            max_age: None,
+        }
+    }
+}
+
+/// Whether `name` may name a measure: 1 to 64 of A-Z a-z 0-9 _ - . (the
+/// scripts separate measures with other characters).
+pub fn measure_name_ok(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
 }
 
 /// A `*` glob split at its stars, for matching without allocation.
@@ -137,10 +184,10 @@ impl Policies {
     /// deterministic); a key no pattern matches gets the defaults.
     pub fn resolve(&self, key: &str) -> Policy {
         if let Some(policy) = self.exact.get(key) {
-            return *policy;
+            return policy.clone();
         }
         self.glob_for(key)
-            .map_or(self.defaults, |(_, policy)| *policy)
+            .map_or_else(|| self.defaults.clone(), |(_, policy)| policy.clone())
     }
 
     /// The pattern that decides `key`'s policy, or `None` for the defaults.
@@ -153,7 +200,7 @@ impl Policies {
 
     /// The policy of keys no pattern matches.
     pub fn defaults(&self) -> Policy {
-        self.defaults
+        self.defaults.clone()
     }
 }
 
@@ -198,11 +245,7 @@ mod tests {
     use super::*;
 
     fn policy(max_items: u32) -> Policy {
-        Policy {
-            max_items,
-            max_wait: Duration::from_secs(60),
-            max_bytes: None,
-        }
+        Policy::basic(max_items, Duration::from_secs(60), None)
     }
 
     fn table(patterns: &[(&str, u32)]) -> Policies {
