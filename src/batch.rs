@@ -230,6 +230,72 @@ pub fn decode_items(mut blob: &[u8], expected: usize) -> Result<Vec<Item>, Decod
     Ok(items)
 }
 
+/// Decodes the `x` blob of a batch (the items' exts, each as
+/// `<length>:<ext>`, in item order) into its items; an empty blob is none.
+pub fn decode_exts(mut blob: &[u8], items: &mut [Item]) -> Result<(), DecodeError> {
+    if blob.is_empty() {
+        return Ok(());
+    }
+    for item in items.iter_mut() {
+        let colon = blob
+            .iter()
+            .position(|b| *b == b':')
+            .ok_or_else(|| DecodeError("ext blob: missing length".into()))?;
+        let len: usize = std::str::from_utf8(&blob[..colon])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| DecodeError("ext blob: bad length".into()))?;
+        let rest = &blob[colon + 1..];
+        if rest.len() < len {
+            return Err(DecodeError("ext blob: truncated".into()));
+        }
+        parse_ext(&rest[..len], item)?;
+        blob = &rest[len..];
+    }
+    if !blob.is_empty() {
+        return Err(DecodeError("ext blob: more exts than items".into()));
+    }
+    Ok(())
+}
+
+/// Reads an item's ext (`r<requeue count>`, `t<deadline ms>`,
+/// `m<name>=<value>`, joined by `;`) into `item`.
+pub fn parse_ext(ext: &[u8], item: &mut Item) -> Result<(), DecodeError> {
+    let ext = std::str::from_utf8(ext).map_err(|_| DecodeError("ext: not UTF-8".into()))?;
+    let bad = || DecodeError(format!("bad item ext {ext:?}"));
+    for field in ext.split(';').filter(|f| !f.is_empty()) {
+        let (kind, value) = field.split_at(1);
+        match kind {
+            "r" => item.requeue_count = value.parse().map_err(|_| bad())?,
+            "t" => item.deadline_ms = Some(value.parse().map_err(|_| bad())?),
+            "m" => {
+                let (name, v) = value.split_once('=').ok_or_else(bad)?;
+                item.measures
+                    .insert(name.to_owned(), v.parse().map_err(|_| bad())?);
+            }
+            _ => return Err(bad()),
+        }
+    }
+    Ok(())
+}
+
+/// Reads measure sums as the scripts write them: `name=v;name=v`.
+pub fn parse_sums(sums: &[u8]) -> Result<BTreeMap<String, u64>, DecodeError> {
+    let text = std::str::from_utf8(sums).map_err(|_| DecodeError("sums: not UTF-8".into()))?;
+    text.split(';')
+        .filter(|f| !f.is_empty())
+        .map(|field| {
+            let (name, v) = field
+                .split_once('=')
+                .ok_or_else(|| DecodeError(format!("bad measure sums {text:?}")))?;
+            let v = v
+                .parse()
+                .map_err(|_| DecodeError(format!("bad measure sums {text:?}")))?;
+            Ok((name.to_owned(), v))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

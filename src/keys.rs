@@ -28,6 +28,9 @@ pub struct ShardKeys {
     pub stream: String,
     /// Sorted set of recently flushed item ids, scored by when they may be forgotten.
     pub flushed: String,
+    /// Sorted set of requeued items, `<batch id>:<item id>`, scored by the
+    /// batch's stream time: trimming the stream forgets them.
+    pub requeued: String,
 }
 
 impl Keyspace {
@@ -70,6 +73,7 @@ impl Keyspace {
             due: format!("{tag}:due"),
             stream: format!("{tag}:batches"),
             flushed: format!("{tag}:flushed"),
+            requeued: format!("{tag}:requeued"),
         }
     }
 

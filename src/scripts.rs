@@ -31,7 +31,7 @@ pub static DUE_GROUPS: LazyLock<Script> =
 
 /// Removes one item from its open group.
 pub static REMOVE_ITEM: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/remove_item.lua")));
+    LazyLock::new(|| with_batch_lib(include_str!("lua/remove_item.lua")));
 
 /// Redelivers a consumer group's timed-out batches, or dead-letters them.
 pub static CLAIM_BATCHES: LazyLock<Script> =

@@ -1,17 +1,28 @@
--- Adds items to the open groups of one shard, flushing each group that reaches
--- its max_items or max_bytes inside this same atomic step.
+-- Adds items to the open groups of one shard, flushing a group inside this
+-- same atomic step when an item completes it (max_items, max_bytes, a
+-- capacity reached, close_group), and before an item when the item would
+-- not fit its capacity or the group's cutoff has passed.
 --
 -- KEYS[1]: the shard's due sorted set
 -- KEYS[2]: the shard's batch stream
 -- KEYS[3]: the shard's recently-flushed sorted set
--- KEYS[3 + g]: the hash of group g, for g = 1..G
+-- KEYS[4]: the shard's requeued sorted set (batch_id:item_id, scored by
+--   the batch's stream time, so trimming the stream forgets them)
+-- KEYS[4 + g]: the hash of group g, for g = 1..G
 -- ARGV[1]: dedup window (ms)
 -- ARGV[2]: G, the number of groups
--- ARGV[3 + 4(g-1) .. 6 + 4(g-1)]: group g's key, max_items, max_wait (ms), max_bytes (0 = none)
--- then, per item, 3 arguments: its group number g, its id, its payload
--- Returns: {earliest due (ms) among groups this call opened, or 0, then per
---   item 3 values: outcome (1 added, 2 duplicate), group size after, batch or false}
---   where batch is {stream_id, reason, opened, flushed, n, items}
+-- ARGV[3 + 7(g-1) .. 9 + 7(g-1)]: group g's key, max_items, max_bytes (0 =
+--   none), min_items (0 = none), max_wait (ms), the other due rules for a
+--   group that opens now ('i,c1,c2,L,a' in ms: max_idle, the next two
+--   cutoffs, deadline_lead, max_age; '' when all are 0) and its capacity
+--   ('name=v;name=v', '' for none)
+-- then, per item, 4 arguments: its group number g, followed by 'c' to close
+--   the group and 'q' .. batch_id for a requeued item; its id; its payload;
+--   its ext (see batch_lib)
+-- Returns: {earliest due (ms) among groups whose due time this call set, or
+--   0, then per item 3 values: outcome (1 added, 2 duplicate), group size
+--   after, the batches it wrote or false}
+--   where a batch is {stream_id, reason, opened, flushed, n, items, x}
 --
 -- The work is done per group, not per item: one ZMSCORE checks every id of
 -- the call against the flushed set, one HMGET per group reads its counters
@@ -20,17 +31,18 @@
 -- written to the group's hash at all.
 
 local ctx = context(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]))
+local requeued_key = KEYS[4]
 local ngroups = tonumber(ARGV[2])
-local first = 3 + 4 * ngroups
+local first = 3 + 7 * ngroups
 
 -- The call's items (see batch_lib); held items a flush reads back from a
 -- group's hash are appended after them.
-local n = (#ARGV - first + 1) / 3
-local it = { seq = presized(n), id = presized(n), payload = presized(n) }
-local ids, payloads, seqs = it.id, it.payload, it.seq
+local n = (#ARGV - first + 1) / 4
+local it = { seq = presized(n), id = presized(n), payload = presized(n), ext = presized(n) }
+local ids, payloads, seqs, exts = it.id, it.payload, it.seq, it.ext
 for i = 1, n do
-  local a = first + 3 * (i - 1)
-  ids[i], payloads[i] = ARGV[a + 1], ARGV[a + 2]
+  local a = first + 4 * (i - 1)
+  ids[i], payloads[i], exts[i] = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
 end
 
 -- Per group g, one array per field. `arrivals` chains the call's items of a
@@ -38,26 +50,42 @@ end
 -- chains the items open but not yet in the hash (first_pending[g] ..
 -- last_pending[g], then next_pending[i]).
 local G = ngroups
-local name, prefix, max_items, max_wait, max_bytes = presized(G), presized(G), presized(G), presized(G), presized(G)
+local name, prefix, max_items, max_bytes, min_items = presized(G), presized(G), presized(G), presized(G), presized(G)
+local max_wait, open_rules, caps = presized(G), presized(G), presized(G)
 local size, bytes, seq, stored = presized(G), presized(G), presized(G), presized(G)
-local indexed, reopened, opened, due_at = presized(G), presized(G), presized(G), presized(G)
+local indexed, reopened, opened, due_at, why = presized(G), presized(G), presized(G), presized(G), presized(G)
+local rules, xs, sums, order, msum = presized(G), presized(G), presized(G), presized(G), presized(G)
+local due_dirty, rules_dirty, sums_dirty = presized(G), presized(G), presized(G)
 local first_arrival, last_arrival, next_arrival = presized(G), presized(G), presized(n)
 local first_pending, last_pending, next_pending = presized(G), presized(G), presized(n)
 for g = 1, ngroups do
   first_arrival[g], last_arrival[g], first_pending[g], last_pending[g] = false, false, false, false
-  local base = 3 + 4 * (g - 1)
+  local base = 3 + 7 * (g - 1)
   name[g], prefix[g] = ARGV[base], flushed_prefix(ARGV[base])
-  max_items[g], max_wait[g], max_bytes[g] = num(ARGV[base + 1]), num(ARGV[base + 2]), num(ARGV[base + 3])
+  max_items[g], max_bytes[g], min_items[g] = num(ARGV[base + 1]), num(ARGV[base + 2]), num(ARGV[base + 3])
+  max_wait[g], open_rules[g] = num(ARGV[base + 4]), ARGV[base + 5]
+  local cap = ARGV[base + 6]
+  if cap == '' then caps[g] = false else caps[g] = { parse_sums(cap) } end
   size[g], bytes[g], seq[g], stored[g], indexed[g], reopened[g], opened[g], due_at[g] = 0, 0, 0, 0, false, false, '', 0
+  why[g], rules[g], xs[g], sums[g], order[g], msum[g] = false, false, '', false, false, ''
+  due_dirty[g], rules_dirty[g], sums_dirty[g] = false, false, false
 end
 
--- Every item's flushed-set member, and its chain of arrivals.
+-- Every item's flushed-set member, its flags, and its chain of arrivals.
 local members = presized(n)
+local close, requeue_of = {}, {}
 for i = 1, n do
   next_arrival[i] = false
 end
 for i = 1, n do
-  local g = num(ARGV[first + 3 * (i - 1)])
+  local garg = ARGV[first + 4 * (i - 1)]
+  local g = num(garg)
+  if not g then
+    local digits, flags = string.match(garg, '^(%d+)(.*)$')
+    g = num(digits)
+    if byte(flags, 1) == 99 then close[i], flags = true, sub(flags, 2) end -- 'c'
+    if byte(flags, 1) == 113 then requeue_of[i] = sub(flags, 2) end -- 'q'
+  end
   members[i] = prefix[g] .. ids[i]
   if last_arrival[g] then next_arrival[last_arrival[g]] = i else first_arrival[g] = i end
   last_arrival[g] = i
@@ -74,26 +102,153 @@ end
 local open = presized(n)
 
 local now, earliest = ctx.now, 0
+
+-- Appends item p to group g's pending chain and counts it.
+local function append(g, p)
+  if last_pending[g] then next_pending[last_pending[g]] = p else first_pending[g] = p end
+  last_pending[g], next_pending[p] = p, false
+  size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[p]
+end
+
+-- Group g's sums, read from its hash on first use.
+local function ensure_sums(g)
+  if not sums[g] then sums[g], order[g] = parse_sums(msum[g]) end
+end
+
+-- Adds an item's measures to group g's sums.
+local function add_measures(g, measures)
+  ensure_sums(g)
+  local s, o = sums[g], order[g]
+  for k = 1, #measures, 2 do
+    local m = measures[k]
+    if not s[m] then s[m], o[#o + 1] = 0, m end
+    s[m] = s[m] + measures[k + 1]
+  end
+  sums_dirty[g] = true
+end
+
+-- Group g's due rules as a table, made from its plain due time if needed.
+local function ensure_rules(g)
+  if not rules[g] then
+    rules[g] = { due_at[g] - tonumber(opened[g]), 0, 0, 0, 0, 0 }
+    rules_dirty[g] = true
+  end
+end
+
+-- Records a due time for group g that this call set.
+local function set_due(g, due, reason)
+  if due ~= due_at[g] or reason ~= why[g] then
+    due_at[g], why[g], due_dirty[g] = due, reason, true
+    if earliest == 0 or due < earliest then earliest = due end
+  end
+end
+
+-- Recomputes group g's due time after an arrival at `now`.
+local function rearm(g)
+  if rules[g] then
+    local due, reason = due_of(rules[g], tonumber(opened[g]), now, size[g], min_items[g], now)
+    set_due(g, due, reason)
+  end
+end
+
+-- Opens group g now, with the due rules the call brought for it.
+local function open_group(g)
+  opened[g], reopened[g] = ctx.now_s, true
+  sums[g], order[g], sums_dirty[g] = {}, {}, false
+  local r = open_rules[g]
+  if r == '' then
+    rules[g], xs[g] = false, ''
+    due_at[g], why[g] = -1, false
+    set_due(g, now + max_wait[g], REASON.TIMEOUT)
+  else
+    local i, c1, c2, lead, a = string.match(r, '^(%d+),(%d+),(%d+),(%d+),(%d+)$')
+    c1, c2 = tonumber(c1), tonumber(c2)
+    local c = c1
+    if c1 <= now then c = c2 end
+    rules[g] = { max_wait[g], tonumber(i), c, tonumber(lead), tonumber(a), 0 }
+    rules_dirty[g] = true
+    due_at[g], why[g] = -1, false
+  end
+end
+
+-- Whether an item with `measures` would push group g past a capacity
+-- (after = false), or whether the group's sums have reached one (after = true).
+local function over_capacity(g, measures, after)
+  local cap = caps[g]
+  if not cap then return false end
+  ensure_sums(g)
+  local limits, names, s = cap[1], cap[2], sums[g]
+  for k = 1, #names do
+    local m = names[k]
+    local total = s[m] or 0
+    if after then
+      if total >= limits[m] then return true end
+    else
+      if measures then
+        for j = 1, #measures, 2 do
+          if measures[j] == m then total = total + measures[j + 1] end
+        end
+      end
+      if total > limits[m] then return true end
+    end
+  end
+  return false
+end
+
+-- Flushes everything group g holds, its hash's items and then the pending
+-- ones, appending the batches to `batches` (a new list if false). A SIZE
+-- flush writes full batches only (more than one when max_items was lowered
+-- by a reload while the group was open) and keeps the rest open.
+local function flush_open(g, reason, batches)
+  local list = {}
+  if stored[g] > 0 then
+    local _
+    _, list = load_group(KEYS[4 + g], it)
+    call('DEL', KEYS[4 + g])
+    stored[g] = 0
+  end
+  local p = first_pending[g]
+  while p do
+    list[#list + 1] = p
+    p = next_pending[p]
+  end
+  local size_cut = reason == REASON.SIZE
+  local written, from = cut(ctx, name[g], reason, opened[g], it, list, size_cut and max_items[g] or 0, size_cut)
+  batches = batches or {}
+  for k = 1, #written do batches[#batches + 1] = written[k] end
+  first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
+  if from > #list then return batches end
+  -- The rest stays open, as it was: its sums and earliest deadline anew.
+  sums[g], order[g], sums_dirty[g] = {}, {}, true
+  if rules[g] then rules[g][6], rules_dirty[g] = 0, true end
+  for r = from, #list do
+    p = list[r]
+    append(g, p)
+    if exts[p] ~= '' then
+      local deadline, measures = parse_ext(exts[p])
+      if measures then add_measures(g, measures) end
+      if deadline and (rules[g][6] == 0 or deadline < rules[g][6]) then rules[g][6] = deadline end
+    end
+  end
+  due_dirty[g] = true
+  rearm(g)
+  return batches
+end
+
 -- The reply, filled in first so that it is one array, not a sparse table.
 local out = presized(3 * n + 1)
 
 -- Each group in turn: read it, take its arrivals in order, write it back.
--- This is one block, not a few functions, because a closure over this many
--- locals costs more to create than a whole small call does otherwise.
 for g = 1, ngroups do
-  local gkey = KEYS[3 + g]
+  local gkey = KEYS[4 + g]
 
   -- Read the group's counters, and which of its arrivals' ids it holds.
   local i = first_arrival[g]
   local fields, values
-  if next_arrival[i] then
-    fields = { 'n', 'b', 's' }
-    while i do
-      fields[#fields + 1] = ':' .. ids[i]
-      i = next_arrival[i]
-    end
-  else
-    fields = { 'n', 'b', 's', ':' .. ids[i] }
+  fields = { 'n', 'b', 's', 'o', 'd', 'r', 'x', 'm' }
+  while i do
+    fields[#fields + 1] = ':' .. ids[i]
+    i = next_arrival[i]
   end
   if #fields <= CHUNK then
     values = call('HMGET', gkey, unpack(fields))
@@ -106,9 +261,13 @@ for g = 1, ngroups do
   end
   if values[1] then
     size[g], bytes[g], seq[g] = num(values[1]), num(values[2]), num(values[3])
+    -- (A group written before r, x and m existed has the plain rules.)
+    opened[g], due_at[g] = values[4], tonumber(values[5])
+    why[g], xs[g], msum[g] = values[6] or REASON.TIMEOUT, values[7] or '', values[8] or ''
+    if xs[g] ~= '' then rules[g] = parse_rules(xs[g]) end
     stored[g], indexed[g] = size[g], true
   end
-  local k = 3
+  local k = 8
   i = first_arrival[g]
   while i do
     k = k + 1
@@ -121,79 +280,95 @@ for g = 1, ngroups do
   local seen = next_arrival[first_arrival[g]] and {} or nil
   i = first_arrival[g]
   while i do
-    local id, until_ms = ids[i], flushed_until[i]
+    local id, until_ms, requeue = ids[i], flushed_until[i], requeue_of[i]
     local at = 3 * i - 1
-    if open[i] or (seen and seen[id]) or (until_ms and tonumber(until_ms) > now) then
+    local duplicate = open[i] or (seen and seen[id])
+    if requeue then
+      -- A requeued id skips the dedup window, once per (batch, item).
+      duplicate = duplicate or call('ZSCORE', requeued_key, requeue .. ':' .. id)
+    elseif until_ms and tonumber(until_ms) > now then
+      duplicate = true
+    end
+    if duplicate then
       out[at], out[at + 1], out[at + 2] = 2, size[g], false
     else
       if seen then seen[id] = true end
-      if size[g] == 0 then
-        opened[g], due_at[g], reopened[g] = ctx.now_s, now + max_wait[g], true
-        if earliest == 0 or due_at[g] < earliest then earliest = due_at[g] end
+      if requeue then
+        local batch_ms = string.match(requeue, '^%d+%-(%d+)%-')
+        call('ZADD', requeued_key, batch_ms, requeue .. ':' .. id)
       end
+      local deadline, measures = false, false
+      if exts[i] ~= '' then deadline, measures = parse_ext(exts[i]) end
+      local batches = false
+      -- A group whose cutoff has passed takes no more items; nor one the
+      -- item would push past a capacity.
+      if size[g] > 0 and why[g] == REASON.CUTOFF and due_at[g] <= now then
+        batches = flush_open(g, REASON.CUTOFF, batches)
+      end
+      if size[g] > 0 and over_capacity(g, measures, false) then
+        batches = flush_open(g, REASON.CAPACITY, batches)
+      end
+      if size[g] == 0 then open_group(g) end
       seq[g] = seq[g] + 1
       seqs[i] = seq[g]
-      if last_pending[g] then next_pending[last_pending[g]] = i else first_pending[g] = i end
-      last_pending[g], next_pending[i] = i, false
-      size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[i]
+      append(g, i)
+      if measures then add_measures(g, measures) end
+      if deadline then
+        ensure_rules(g)
+        local r = rules[g]
+        if r[6] == 0 or deadline < r[6] then r[6], rules_dirty[g] = deadline, true end
+      end
+      rearm(g)
       local reason = false
       if size[g] >= max_items[g] then
         reason = REASON.SIZE
       elseif max_bytes[g] > 0 and bytes[g] >= max_bytes[g] then
         reason = REASON.BYTES
+      elseif over_capacity(g, false, true) then
+        reason = REASON.CAPACITY
+      elseif close[i] then
+        reason = REASON.CLOSED
       end
-      local batch = false
-      if reason then
-        -- Flush all the group holds, the hash's items and then the pending
-        -- ones. A SIZE flush writes full batches only (more than one when
-        -- max_items was lowered by a reload while the group was open) and
-        -- keeps the rest open; this add reports the last batch.
-        local list = {}
-        if stored[g] > 0 then
-          local meta
-          meta, list = load_group(gkey, it)
-          if not reopened[g] then opened[g], due_at[g] = meta.o, tonumber(meta.d) end
-          call('DEL', gkey)
-          stored[g] = 0
-        end
-        local p = first_pending[g]
-        while p do
-          list[#list + 1] = p
-          p = next_pending[p]
-        end
-        local size_cut = reason == REASON.SIZE
-        local batches, from = cut(ctx, name[g], reason, opened[g], it, list, size_cut and max_items[g] or 0, size_cut)
-        batch = batches[#batches]
-        first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
-        for r = from, #list do
-          p = list[r]
-          if last_pending[g] then next_pending[last_pending[g]] = p else first_pending[g] = p end
-          last_pending[g], next_pending[p] = p, false
-          size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[p]
-        end
-      end
-      out[at], out[at + 1], out[at + 2] = 1, size[g], batch
+      if reason then batches = flush_open(g, reason, batches) end
+      out[at], out[at + 1], out[at + 2] = 1, size[g], batches
     end
     i = next_arrival[i]
   end
 
   -- Write the group back: its pending items and counters in one HSET and
-  -- its due entry if it (re)opened, or nothing of an emptied group.
+  -- its due entry if it moved, or nothing of an emptied group.
   if size[g] == 0 then
     if indexed[g] then call('ZREM', ctx.due, name[g]) end
   elseif first_pending[g] then
-    local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', format('%d', seq[g]) }
-    if stored[g] == 0 then
-      args[7], args[8], args[9], args[10] = 'o', opened[g], 'd', format('%d', due_at[g])
+    local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', format('%d', seq[g]), 'l', ctx.now_s }
+    local whole = stored[g] == 0
+    if whole or due_dirty[g] then
+      args[#args + 1], args[#args + 2] = 'd', format('%d', due_at[g])
+      args[#args + 1], args[#args + 2] = 'r', why[g]
+    end
+    if whole then
+      args[#args + 1], args[#args + 2] = 'o', opened[g]
+    end
+    if whole or rules_dirty[g] then
+      if rules[g] then xs[g] = format_rules(rules[g]) end
+      args[#args + 1], args[#args + 2] = 'x', xs[g]
+    end
+    if whole or sums_dirty[g] then
+      if sums[g] then msum[g] = format_sums(sums[g], order[g]) end
+      args[#args + 1], args[#args + 2] = 'm', msum[g]
     end
     i = first_pending[g]
     while i do
       args[#args + 1] = ':' .. ids[i]
-      args[#args + 1] = dec(seqs[i]) .. ',' .. payloads[i]
+      if exts[i] == '' then
+        args[#args + 1] = dec(seqs[i]) .. ',' .. payloads[i]
+      else
+        args[#args + 1] = dec(seqs[i]) .. ';' .. exts[i] .. ',' .. payloads[i]
+      end
       i = next_pending[i]
     end
     chunked('HSET', gkey, args)
-    if reopened[g] or not indexed[g] then call('ZADD', ctx.due, due_at[g], name[g]) end
+    if reopened[g] or not indexed[g] or due_dirty[g] then call('ZADD', ctx.due, due_at[g], name[g]) end
   end
 end
 forget_stale(ctx)

@@ -6,14 +6,22 @@
 -- Group hash layout (one hash per open group):
 --   o = opened-at (ms, Redis clock)   d = due-at (ms)   n = item count
 --   b = payload bytes                 s = last arrival sequence number
---   ':' .. item_id = seq .. ',' .. payload
+--   r = the reason that set d         l = last arrival (ms)
+--   x = the group's due rules, fixed when it opened: '' when d is just
+--       opened + max_wait, else 'w,i,c,L,a,e' in ms (0 = none): max_wait,
+--       max_idle, the cutoff, deadline_lead, max_age, earliest item deadline
+--   m = sums of the items' measures, 'name=v;name=v' ('' when none)
+--   ':' .. item_id = seq .. ',' .. payload, or seq .. ';' .. ext .. ',' .. payload
+-- An item's ext holds what it carries besides its payload, as ';'-separated
+-- fields: 'r' .. requeue count, 't' .. deadline (ms), 'm' .. name .. '=' .. value.
 --
 -- A batch in the shard stream has the fields key, reason, opened, flushed, n
 -- and items, where items is the concatenation, in arrival order, of
--- #id .. ':' .. id .. #payload .. ':' .. payload for each item.
+-- #id .. ':' .. id .. #payload .. ':' .. payload for each item; and, when
+-- any of its items has an ext, x: the concatenation of #ext .. ':' .. ext.
 --
--- Items live in three arrays indexed alike, `it.seq`, `it.id` and
--- `it.payload`, and a group's items are a list of indexes into them. Plain
+-- Items live in four arrays indexed alike, `it.seq`, `it.id`, `it.payload`
+-- and `it.ext`, and a group's items are a list of indexes into them. Plain
 -- arrays, not a table per item or per group: what a script allocates, Lua's
 -- garbage collector pays for again, and that was most of a call's cost.
 -- `ctx` holds what one script call shares: the shard's keys (due, stream,
@@ -92,18 +100,21 @@ end
 local function load_group(gkey, it)
   local flat = call('HGETALL', gkey)
   local meta, list, sorted, last = {}, {}, true, 0
-  local seqs, ids, payloads = it.seq, it.id, it.payload
+  local seqs, ids, payloads, exts = it.seq, it.id, it.payload, it.ext
   local top = #ids
   for i = 1, #flat, 2 do
     local f = flat[i]
     if byte(f, 1) == 58 then
       local v = flat[i + 1]
       local comma = find(v, ',', 1, true)
-      local seq = num(sub(v, 1, comma - 1))
+      local head, ext = sub(v, 1, comma - 1), ''
+      local semi = find(head, ';', 1, true)
+      if semi then head, ext = sub(head, 1, semi - 1), sub(head, semi + 1, comma - 1) end
+      local seq = num(head)
       if seq < last then sorted = false end
       last = seq
       top = top + 1
-      seqs[top], ids[top], payloads[top] = seq, sub(f, 2), sub(v, comma + 1)
+      seqs[top], ids[top], payloads[top], exts[top] = seq, sub(f, 2), sub(v, comma + 1), ext
       list[#list + 1] = top
     else
       meta[f] = flat[i + 1]
@@ -117,24 +128,37 @@ end
 
 -- Writes the items list[from..to] as one batch to the shard stream and
 -- records their ids as recently flushed. Returns the batch as
--- {stream_id, reason, opened, flushed, n, items}.
+-- {stream_id, reason, opened, flushed, n, items, x}.
 local function write_batch(ctx, key, reason, opened, it, list, from, to)
-  local parts, members = {}, {}
+  local parts, members, extras = {}, {}, false
   local prefix, expire = flushed_prefix(key), ctx.expire
-  local ids, payloads = it.id, it.payload
+  local ids, payloads, exts = it.id, it.payload, it.ext
   for i = from, to do
     local id, payload = ids[list[i]], payloads[list[i]]
     parts[#parts + 1] = dec(#id) .. ':' .. id .. dec(#payload) .. ':' .. payload
     members[#members + 1] = expire
     members[#members + 1] = prefix .. id
+    if exts[list[i]] ~= '' then extras = true end
   end
   local blob = table.concat(parts)
   local n = dec(to - from + 1)
-  local stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason,
-    'opened', opened, 'flushed', ctx.now_s, 'n', n, 'items', blob)
+  local x, stream_id = ''
+  if extras then
+    parts = {}
+    for i = from, to do
+      local ext = exts[list[i]]
+      parts[#parts + 1] = dec(#ext) .. ':' .. ext
+    end
+    x = table.concat(parts)
+    stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason,
+      'opened', opened, 'flushed', ctx.now_s, 'n', n, 'items', blob, 'x', x)
+  else
+    stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason,
+      'opened', opened, 'flushed', ctx.now_s, 'n', n, 'items', blob)
+  end
   chunked('ZADD', ctx.flushed, members)
   ctx.written = ctx.written + to - from + 1
-  return { stream_id, reason, opened, ctx.now_s, n, blob }
+  return { stream_id, reason, opened, ctx.now_s, n, blob, x }
 end
 
 -- Flushes the items `list` (in arrival order) oldest first, in batches of at
@@ -160,4 +184,71 @@ local function forget_stale(ctx)
   local stale = call('ZRANGE', ctx.flushed, '-inf', ctx.now_s, 'BYSCORE',
     'LIMIT', 0, 2 * ctx.written + 16)
   if #stale > 0 then chunked('ZREM', ctx.flushed, stale) end
+end
+
+-- The due rules of a group whose x is not '': {w, i, c, L, a, e} in ms.
+local function parse_rules(x)
+  local w, i, c, l, a, e = string.match(x, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
+  return { tonumber(w), tonumber(i), tonumber(c), tonumber(l), tonumber(a), tonumber(e) }
+end
+
+local function format_rules(r)
+  return format('%d,%d,%d,%d,%d,%d', r[1], r[2], r[3], r[4], r[5], r[6])
+end
+
+-- When a group is due, and the reason: the earliest of opened + max_wait
+-- (TIMEOUT), last + max_idle (IDLE), the cutoff (CUTOFF), the earliest item
+-- deadline - lead (DEADLINE) and opened + max_age (MAX_AGE). A group of
+-- fewer than min_items whose TIMEOUT or IDLE has passed is held: those two
+-- no longer count (only with a max_age, so nothing waits forever). On a tie
+-- the rule that always flushes wins.
+local function due_of(rules, opened, last, size, min_items, now)
+  local w, i, c, lead, a, e = rules[1], rules[2], rules[3], rules[4], rules[5], rules[6]
+  local held = a > 0 and size < min_items
+  local due, why = math.huge, false
+  local t = opened + w
+  if not (held and t <= now) then due, why = t, REASON.TIMEOUT end
+  if i > 0 then
+    t = last + i
+    if t < due and not (held and t <= now) then due, why = t, REASON.IDLE end
+  end
+  if c > 0 and c <= due then due, why = c, REASON.CUTOFF end
+  if e > 0 and e - lead <= due then due, why = e - lead, REASON.DEADLINE end
+  if a > 0 and opened + a <= due then due, why = opened + a, REASON.MAX_AGE end
+  return due, why
+end
+
+-- Measure sums 'name=v;name=v' as a table (names in `order`, for writing back).
+local function parse_sums(m)
+  local sums, order = {}, {}
+  for name, v in string.gmatch(m, '([^;=]+)=(%d+)') do
+    sums[name] = tonumber(v)
+    order[#order + 1] = name
+  end
+  return sums, order
+end
+
+local function format_sums(sums, order)
+  local parts = {}
+  for k = 1, #order do
+    parts[k] = order[k] .. '=' .. format('%d', sums[order[k]])
+  end
+  return table.concat(parts, ';')
+end
+
+-- An item ext's deadline (or false) and measures ({name, value, ...} or false).
+local function parse_ext(ext)
+  local deadline, measures = false, false
+  for field in string.gmatch(ext, '[^;]+') do
+    local kind = byte(field, 1)
+    if kind == 116 then -- 't'
+      deadline = tonumber(sub(field, 2))
+    elseif kind == 109 then -- 'm'
+      local eq = find(field, '=', 1, true)
+      measures = measures or {}
+      measures[#measures + 1] = sub(field, 2, eq - 1)
+      measures[#measures + 1] = tonumber(sub(field, eq + 1))
+    end
+  end
+  return deadline, measures
 end

@@ -1,25 +1,64 @@
 -- Takes one item out of its open group; deletes the group if it empties.
+-- Its measures leave the group's sums, and when it held the group's earliest
+-- deadline, the group's due time is computed again without it.
 --
 -- KEYS[1]: the shard's due sorted set
 -- KEYS[2]: the group's hash
 -- ARGV[1]: the group's key
 -- ARGV[2]: the item id
+-- ARGV[3]: min_items in force for the key (0 = none)
 -- Returns: {removed (1 or 0), group size after}
 
 local due_key, gkey = KEYS[1], KEYS[2]
 local key, id = ARGV[1], ARGV[2]
-local v = redis.call('HGET', gkey, ':' .. id)
+local v = call('HGET', gkey, ':' .. id)
 if not v then
-  return { 0, tonumber(redis.call('HGET', gkey, 'n') or '0') }
+  return { 0, tonumber(call('HGET', gkey, 'n') or '0') }
 end
-local comma = string.find(v, ',', 1, true)
-redis.call('HDEL', gkey, ':' .. id)
-local size = redis.call('HINCRBY', gkey, 'n', -1)
+local comma = find(v, ',', 1, true)
+local head, ext = sub(v, 1, comma - 1), ''
+local semi = find(head, ';', 1, true)
+if semi then ext = sub(head, semi + 1) end
+call('HDEL', gkey, ':' .. id)
+local size = call('HINCRBY', gkey, 'n', -1)
 -- 0 - x, not -x: Lua formats -0 as "-0", which HINCRBY refuses.
-redis.call('HINCRBY', gkey, 'b', 0 - (#v - comma))
+call('HINCRBY', gkey, 'b', 0 - (#v - comma))
 if size <= 0 then
-  redis.call('DEL', gkey)
-  redis.call('ZREM', due_key, key)
-  size = 0
+  call('DEL', gkey)
+  call('ZREM', due_key, key)
+  return { 1, 0 }
+end
+if ext == '' then return { 1, size } end
+
+local deadline, measures = parse_ext(ext)
+if measures then
+  local sums, order = parse_sums(call('HGET', gkey, 'm') or '')
+  for k = 1, #measures, 2 do
+    local m = measures[k]
+    if sums[m] then sums[m] = sums[m] - measures[k + 1] end
+  end
+  call('HSET', gkey, 'm', format_sums(sums, order))
+end
+local meta = call('HMGET', gkey, 'o', 'l', 'x')
+if deadline and meta[3] and meta[3] ~= '' then
+  local rules = parse_rules(meta[3])
+  if rules[6] == deadline then
+    -- The earliest deadline left, from the items still in the group.
+    local it = { seq = {}, id = {}, payload = {}, ext = {} }
+    local _, list = load_group(gkey, it)
+    local earliest = 0
+    for k = 1, #list do
+      local e = it.ext[list[k]]
+      if e ~= '' then
+        local t = parse_ext(e)
+        if t and (earliest == 0 or t < earliest) then earliest = t end
+      end
+    end
+    rules[6] = earliest
+    local due, why = due_of(rules, tonumber(meta[1]), tonumber(meta[2] or meta[1]), size,
+      tonumber(ARGV[3]), now_ms())
+    call('HSET', gkey, 'x', format_rules(rules), 'd', format('%d', due), 'r', why)
+    call('ZADD', due_key, due, key)
+  end
 end
 return { 1, size }

@@ -302,7 +302,13 @@ impl AddWriter {
     async fn call(&self, items: &[&NewItem]) -> Result<ShardReply> {
         let mut args = AddArgs::new(&self.keys, self.shard, self.dedup);
         for new in items {
-            args.item(&new.key, &new.policy, &new.item.id, &new.item.payload);
+            args.item_with(
+                &new.key,
+                &new.policy,
+                &new.item,
+                new.close,
+                new.requeue_of.as_deref(),
+            );
         }
         let (keys, args) = args.into_parts();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -318,6 +324,7 @@ impl AddWriter {
             .map(|((outcome, group_size, batch), new)| {
                 let flushed: Vec<Batch> = batch
                     .into_iter()
+                    .flatten()
                     .map(|batch| batch.into_batch(self.shard, &new.key))
                     .collect();
                 for batch in &flushed {

@@ -3,18 +3,21 @@
 //! [`AddArgs`], so the two cannot drift apart.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::batch::Item;
 use crate::keys::Keyspace;
 use crate::policy::Policy;
 
 /// The KEYS and ARGV of one call of the add script (`scripts::ADD_ITEMS`)
 /// for one shard, as `src/lua/add_items.lua` documents them:
 ///
-/// - KEYS: the shard's due set, stream and flushed set, then one hash per group;
+/// - KEYS: the shard's due set, stream, flushed set and requeued set, then
+///   one hash per group;
 /// - ARGV: the dedup window (ms), the group count G, per group its key,
-///   `max_items`, `max_wait` (ms) and `max_bytes` (0 = none), then per item
-///   its group number (from 1), id and payload.
+///   `max_items`, `max_bytes` (0 = none), `min_items`, `max_wait` (ms), the
+///   other due rules for a group that opens now and its capacity, then per
+///   item its group number (from 1) with its flags, id, payload and ext.
 ///
 /// Items of one key share a group, whose policy is the one given with its
 /// first item. Keys are taken to be of `shard`: the store picks the shard
@@ -23,6 +26,8 @@ pub struct AddArgs<'a> {
     keyspace: &'a Keyspace,
     shard: u16,
     dedup: Duration,
+    /// The local clock (ms), for the cutoffs a group opened now would get.
+    now_ms: u64,
     /// Group number (from 1) of each key seen so far.
     group_of: HashMap<&'a str, usize>,
     group_keys: Vec<String>,
@@ -30,13 +35,22 @@ pub struct AddArgs<'a> {
     item_args: Vec<Vec<u8>>,
 }
 
+/// How far the Redis clock may run ahead of this machine's before a group
+/// could miss its first cutoff: the script gets the first cutoff after
+/// now minus this, and the one after it, and takes the first still ahead.
+const CLOCK_SKEW: Duration = Duration::from_secs(60);
+
 impl<'a> AddArgs<'a> {
     /// No items yet, for a call in `shard` with the given dedup window.
     pub fn new(keyspace: &'a Keyspace, shard: u16, dedup: Duration) -> AddArgs<'a> {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         AddArgs {
             keyspace,
             shard,
             dedup,
+            now_ms,
             group_of: HashMap::new(),
             group_keys: Vec::new(),
             group_args: Vec::new(),
@@ -44,33 +58,70 @@ impl<'a> AddArgs<'a> {
         }
     }
 
-    /// Appends one item to `key`'s group, adding the group (with `policy`)
-    /// if it is the key's first item.
+    /// Appends one plain item to `key`'s group, adding the group (with
+    /// `policy`) if it is the key's first item.
     pub fn item(&mut self, key: &'a str, policy: &Policy, id: &[u8], payload: &[u8]) -> &mut Self {
-        let next = self.group_of.len() + 1;
-        let group = *self.group_of.entry(key).or_insert_with(|| {
-            self.group_keys.push(self.keyspace.group(self.shard, key));
-            self.group_args.extend([
-                key.as_bytes().to_vec(),
-                policy.max_items.to_string().into_bytes(),
-                millis(policy.max_wait).into_bytes(),
-                policy.max_bytes.unwrap_or(0).to_string().into_bytes(),
-            ]);
-            next
-        });
+        let group = self.group(key, policy);
         self.item_args.extend([
             group.to_string().into_bytes(),
             id.to_vec(),
             payload.to_vec(),
+            Vec::new(),
         ]);
         self
+    }
+
+    /// Appends one item with what it carries (measures, deadline, requeue
+    /// count) and its flags: `close` flushes the group after it, and
+    /// `requeue_of` names the batch a requeued item comes from.
+    pub fn item_with(
+        &mut self,
+        key: &'a str,
+        policy: &Policy,
+        item: &Item,
+        close: bool,
+        requeue_of: Option<&str>,
+    ) -> &mut Self {
+        let mut group = self.group(key, policy).to_string();
+        if close {
+            group.push('c');
+        }
+        if let Some(batch) = requeue_of {
+            group.push('q');
+            group.push_str(batch);
+        }
+        self.item_args.extend([
+            group.into_bytes(),
+            item.id.clone(),
+            item.payload.clone(),
+            ext(item).into_bytes(),
+        ]);
+        self
+    }
+
+    /// The group number of `key`, adding its group (with `policy`) if new.
+    fn group(&mut self, key: &'a str, policy: &Policy) -> usize {
+        let next = self.group_of.len() + 1;
+        *self.group_of.entry(key).or_insert_with(|| {
+            self.group_keys.push(self.keyspace.group(self.shard, key));
+            self.group_args.extend([
+                key.as_bytes().to_vec(),
+                policy.max_items.to_string().into_bytes(),
+                policy.max_bytes.unwrap_or(0).to_string().into_bytes(),
+                policy.min_items.to_string().into_bytes(),
+                millis(policy.max_wait).into_bytes(),
+                open_rules(policy, self.now_ms).into_bytes(),
+                sums(policy.capacity.iter()).into_bytes(),
+            ]);
+            next
+        })
     }
 
     /// The call's KEYS and ARGV.
     pub fn into_parts(self) -> (Vec<String>, Vec<Vec<u8>>) {
         let shard = self.keyspace.shard(self.shard);
-        let mut keys = Vec::with_capacity(3 + self.group_keys.len());
-        keys.extend([shard.due, shard.stream, shard.flushed]);
+        let mut keys = Vec::with_capacity(4 + self.group_keys.len());
+        keys.extend([shard.due, shard.stream, shard.flushed, shard.requeued]);
         keys.extend(self.group_keys);
         let mut args = Vec::with_capacity(2 + self.group_args.len() + self.item_args.len());
         args.push(millis(self.dedup).into_bytes());
@@ -79,6 +130,46 @@ impl<'a> AddArgs<'a> {
         args.extend(self.item_args);
         (keys, args)
     }
+}
+
+/// The due rules besides `max_wait` for a group opened now:
+/// `max_idle,cutoff,next cutoff,deadline_lead,max_age` in ms, or `""` when
+/// all are 0 (the script's fast path).
+fn open_rules(policy: &Policy, now_ms: u64) -> String {
+    let (c1, c2) = policy.cutoffs.as_ref().map_or((0, 0), |cutoffs| {
+        let skewed = now_ms.saturating_sub(CLOCK_SKEW.as_millis() as u64);
+        let first = cutoffs.next_after(skewed);
+        (first, cutoffs.next_after(first))
+    });
+    let idle = policy.max_idle.map_or(0, |d| d.as_millis());
+    let age = policy.max_age.map_or(0, |d| d.as_millis());
+    let lead = policy.deadline_lead.as_millis();
+    if idle == 0 && c1 == 0 && lead == 0 && age == 0 {
+        return String::new();
+    }
+    format!("{idle},{c1},{c2},{lead},{age}")
+}
+
+/// Named amounts as the scripts write them: `name=v;name=v`.
+pub(crate) fn sums<'m>(measures: impl Iterator<Item = (&'m String, &'m u64)>) -> String {
+    let parts: Vec<String> = measures.map(|(name, v)| format!("{name}={v}")).collect();
+    parts.join(";")
+}
+
+/// An item's ext (see `src/lua/batch_lib.lua`): `r<requeue count>`,
+/// `t<deadline ms>` and `m<name>=<value>` fields joined by `;`, or `""`.
+pub(crate) fn ext(item: &Item) -> String {
+    let mut fields = Vec::new();
+    if item.requeue_count > 0 {
+        fields.push(format!("r{}", item.requeue_count));
+    }
+    if let Some(deadline) = item.deadline_ms {
+        fields.push(format!("t{deadline}"));
+    }
+    for (name, value) in &item.measures {
+        fields.push(format!("m{name}={value}"));
+    }
+    fields.join(";")
 }
 
 fn millis(duration: Duration) -> String {
@@ -103,7 +194,7 @@ mod tests {
         let (keys, argv) = args.into_parts();
         assert_eq!(
             keys,
-            ["due", "batches", "flushed", "g:a", "g:b"].map(|k| format!("{}:{k}", keyspace.tag(2)))
+            ["due", "batches", "flushed", "requeued", "g:a", "g:b"].map(|k| format!("{}:{k}", keyspace.tag(2)))
         );
         let argv: Vec<&str> = argv
             .iter()
@@ -112,8 +203,8 @@ mod tests {
         assert_eq!(
             argv,
             [
-                "60000", "2", "a", "10", "250", "0", "b", "5", "250", "64", "1", "1", "x", "2",
-                "2", "", "1", "3", "z"
+                "60000", "2", "a", "10", "0", "0", "250", "", "", "b", "5", "64", "0", "250", "",
+                "", "1", "1", "x", "", "2", "2", "", "", "1", "3", "z", ""
             ]
         );
     }

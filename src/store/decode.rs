@@ -3,13 +3,17 @@
 //! them together, so nothing in the store walks a reply by hand.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use redis::streams;
 use redis::{FromRedisValue, ParsingError, Value, from_redis_value};
 
 use super::add::AddOutcome;
 use super::groups::DueScan;
-use crate::batch::{Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items};
+use crate::batch::{
+    Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_exts, decode_items, parse_ext,
+    parse_sums,
+};
 
 impl From<DecodeError> for ParsingError {
     fn from(err: DecodeError) -> ParsingError {
@@ -36,7 +40,7 @@ impl FromRedisValue for FlushReason {
 }
 
 /// A batch as the scripts return it: `{stream_id, reason, opened, flushed, n,
-/// items}`. The caller knows its shard and key.
+/// items, x}`. The caller knows its shard and key.
 pub(super) struct ScriptBatch {
     stream_id: StreamId,
     reason: FlushReason,
@@ -63,20 +67,23 @@ impl ScriptBatch {
 
 impl FromRedisValue for ScriptBatch {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let (stream_id, reason, opened_at_ms, flushed_at_ms, count, blob): (
+        let (stream_id, reason, opened_at_ms, flushed_at_ms, count, blob, x): (
             StreamId,
             FlushReason,
             u64,
             u64,
             usize,
             Vec<u8>,
+            Vec<u8>,
         ) = from_redis_value(v)?;
+        let mut items = decode_items(&blob, count)?;
+        decode_exts(&x, &mut items)?;
         Ok(ScriptBatch {
             stream_id,
             reason,
             opened_at_ms,
             flushed_at_ms,
-            items: decode_items(&blob, count)?,
+            items,
         })
     }
 }
@@ -91,14 +98,14 @@ impl FromRedisValue for AddOutcome {
     }
 }
 
-/// The add script's reply: `{earliest due opened or 0, then per item:
-/// outcome, size, batch or false}`.
+/// The add script's reply: `{earliest due set or 0, then per item:
+/// outcome, size, batches or false}`.
 pub(super) struct AddReply {
-    /// The earliest due time among the groups the call opened.
+    /// The earliest due time among the groups whose due time the call set.
     pub earliest: Option<u64>,
     /// One per item, in order: what it did, the group's size after, and the
-    /// batch it completed.
-    pub items: Vec<(AddOutcome, u32, Option<ScriptBatch>)>,
+    /// batches it wrote.
+    pub items: Vec<(AddOutcome, u32, Option<Vec<ScriptBatch>>)>,
 }
 
 impl FromRedisValue for AddReply {
@@ -110,7 +117,7 @@ impl FromRedisValue for AddReply {
             items.push((
                 next_part(&mut parts, "an outcome")?,
                 next_part(&mut parts, "a group size")?,
-                next_part(&mut parts, "a batch")?,
+                next_part(&mut parts, "its batches")?,
             ));
         }
         Ok(AddReply {
@@ -142,9 +149,9 @@ impl FromRedisValue for DueScan {
     }
 }
 
-/// An open group's hash as HGETALL returns it: metadata fields (`n` size,
-/// `b` bytes, `o` opened, `d` due) and one `:<id>` field per item, whose
-/// value is `<sequence>,<payload>`. `None` when the group is not open. The
+/// An open group's hash as HGETALL returns it: metadata fields (see
+/// `src/lua/batch_lib.lua`) and one `:<id>` field per item, whose value is
+/// `<sequence>[;<ext>],<payload>`. `None` when the group is not open. The
 /// key is the caller's to fill in.
 pub(super) struct GroupHash(pub Option<Group>);
 
@@ -165,26 +172,60 @@ impl FromRedisValue for GroupHash {
                 .iter()
                 .position(|b| *b == b',')
                 .ok_or("group item without sequence")?;
-            let item = Item::new(id, &value[comma + 1..]);
-            items.push((parse_u64(&value[..comma])?, item));
+            let head = &value[..comma];
+            let mut item = Item::new(id, &value[comma + 1..]);
+            let seq = match head.iter().position(|b| *b == b';') {
+                Some(semi) => {
+                    parse_ext(&head[semi + 1..], &mut item)?;
+                    &head[..semi]
+                }
+                None => head,
+            };
+            items.push((parse_u64(seq)?, item));
         }
         items.sort_by_key(|(seq, _)| *seq);
-        let field = |name: &[u8]| -> Result<u64, ParsingError> {
-            parse_u64(meta.get(name).ok_or("group without metadata")?)
-        };
-        Ok(GroupHash(Some(Group {
-            key: String::new(),
-            size: field(b"n")? as u32,
-            bytes: field(b"b")?,
-            opened_at_ms: field(b"o")?,
-            due_at_ms: field(b"d")?,
-            due_reason: FlushReason::Timeout,
-            last_added_ms: field(b"o")?,
-            max_wait: std::time::Duration::ZERO,
-            measures: Default::default(),
-            items: items.into_iter().map(|(_, item)| item).collect(),
-        })))
+        let mut group = group_meta(&meta)?;
+        group.items = items.into_iter().map(|(_, item)| item).collect();
+        Ok(GroupHash(Some(group)))
     }
+}
+
+/// A group's metadata fields, without its items: `n`, `b`, `o`, `d`, and
+/// (from groups written since they exist) `r`, `l`, `x` and `m`.
+pub(super) fn group_meta(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Result<Group, ParsingError> {
+    let field = |name: &[u8]| -> Result<u64, ParsingError> {
+        parse_u64(meta.get(name).ok_or("group without metadata")?)
+    };
+    let opened_at_ms = field(b"o")?;
+    let due_at_ms = field(b"d")?;
+    let rules = meta.get(&b"x"[..]).filter(|x| !x.is_empty());
+    let max_wait_ms = match rules {
+        Some(x) => {
+            let first = x.split(|b| *b == b',').next().unwrap_or_default();
+            parse_u64(first)?
+        }
+        None => due_at_ms.saturating_sub(opened_at_ms),
+    };
+    let due_reason = match meta.get(&b"r"[..]) {
+        Some(r) => std::str::from_utf8(r)
+            .map_err(|_| "due reason not UTF-8")?
+            .parse()?,
+        None => FlushReason::Timeout,
+    };
+    Ok(Group {
+        key: String::new(),
+        size: field(b"n")? as u32,
+        bytes: field(b"b")?,
+        opened_at_ms,
+        due_at_ms,
+        due_reason,
+        last_added_ms: meta.get(&b"l"[..]).map_or(Ok(opened_at_ms), |l| parse_u64(l))?,
+        max_wait: Duration::from_millis(max_wait_ms),
+        measures: meta
+            .get(&b"m"[..])
+            .map_or(Ok(Default::default()), |m| parse_sums(m))?,
+        items: Vec::new(),
+    })
 }
 
 fn parse_u64(b: &[u8]) -> Result<u64, ParsingError> {
@@ -207,13 +248,17 @@ pub(super) fn batch_from_entry(
     };
     let count: usize = from_redis_value(field("n")?)?;
     let blob: Vec<u8> = from_redis_value(field("items")?)?;
+    let mut items = decode_items(&blob, count)?;
+    if let Ok(x) = field("x") {
+        decode_exts(&from_redis_value::<Vec<u8>>(x)?, &mut items)?;
+    }
     Ok(Batch {
         shard,
         key: from_redis_value(field("key")?)?,
         reason: from_redis_value(field("reason")?)?,
         opened_at_ms: from_redis_value(field("opened")?)?,
         flushed_at_ms: from_redis_value(field("flushed")?)?,
-        items: decode_items(&blob, count)?,
+        items,
         origin: field("origin").ok().map(from_redis_value).transpose()?,
         for_group: field("for_group").ok().map(from_redis_value).transpose()?,
         stream_id: id.parse()?,

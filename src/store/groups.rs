@@ -4,9 +4,11 @@
 use futures::future::try_join_all;
 use redis::AsyncCommands;
 
-use super::decode::{GroupHash, ScriptBatch};
+use std::collections::HashMap;
+
+use super::decode::{GroupHash, ScriptBatch, group_meta};
 use super::{Result, Store, StoreError};
-use crate::batch::{Batch, FlushReason, Group};
+use crate::batch::{Batch, DecodeError, FlushReason, Group};
 use crate::scripts;
 
 /// What one sweep step saw in a shard.
@@ -34,17 +36,23 @@ impl Store {
         let shard = self.keys.shard_of(key);
         let shard_keys = self.keys.shard(shard);
         let group = self.keys.group(shard, key);
+        let min_items = self.policies.resolve(key).min_items;
         self.run_script(
             &scripts::REMOVE_ITEM,
             &[&shard_keys.due, &group],
-            vec![key.as_bytes().to_vec(), id.to_vec()],
+            vec![
+                key.as_bytes().to_vec(),
+                id.to_vec(),
+                min_items.to_string().into_bytes(),
+            ],
         )
         .await
     }
 
     /// Flushes a key's open group, cut into batches of at most the key's
     /// `max_items` in force, oldest first. With `Timeout`, only if it is due
-    /// by the Redis clock. Returns the batches written: none when there was
+    /// by the Redis clock, with the reason of the rule that made it due, and
+    /// not at all when `min_items` holds it (it is re-armed instead). Returns the batches written: none when there was
     /// no open group, more than one only when a reload lowered `max_items`
     /// while the group was open. Each batch is recorded in the metrics.
     pub async fn flush(&self, key: &str, reason: FlushReason) -> Result<Vec<Batch>> {
@@ -60,7 +68,7 @@ impl Store {
     ) -> Result<Vec<Batch>> {
         let shard_keys = self.keys.shard(shard);
         let group = self.keys.group(shard, key);
-        let max_items = self.policies.resolve(key).max_items;
+        let policy = self.policies.resolve(key);
         let (due_at_ms, batches): (u64, Vec<ScriptBatch>) = self
             .run_script(
                 &scripts::FLUSH_GROUP,
@@ -74,7 +82,8 @@ impl Store {
                     key.as_bytes().to_vec(),
                     reason.as_str().as_bytes().to_vec(),
                     self.dedup.as_millis().to_string().into_bytes(),
-                    max_items.to_string().into_bytes(),
+                    policy.max_items.to_string().into_bytes(),
+                    policy.min_items.to_string().into_bytes(),
                 ],
             )
             .await?;
@@ -172,25 +181,24 @@ impl Store {
     /// to the node of its shard; the multiplexed connection pipelines them.
     /// A group flushed meanwhile is left out.
     async fn group_summaries(&self, candidates: &[(u64, String, u16)]) -> Result<Vec<Group>> {
+        const FIELDS: [&str; 8] = ["o", "d", "n", "b", "r", "l", "x", "m"];
         let reads = candidates.iter().map(|(due, key, shard)| async move {
             let mut conn = self.conn.clone();
-            let meta: Vec<Option<u64>> = conn
-                .hmget(self.keys.group(*shard, key), &["o", "d", "n", "b"])
-                .await?;
-            let [Some(opened), Some(_), Some(size), Some(bytes)] = meta[..] else {
+            let values: Vec<Option<Vec<u8>>> =
+                conn.hmget(self.keys.group(*shard, key), &FIELDS).await?;
+            let meta: HashMap<Vec<u8>, Vec<u8>> = FIELDS
+                .iter()
+                .zip(values)
+                .filter_map(|(name, value)| Some((name.as_bytes().to_vec(), value?)))
+                .collect();
+            if meta.len() < 4 {
                 return Ok::<_, StoreError>(None);
-            };
+            }
+            let group = group_meta(&meta).map_err(DecodeError::from)?;
             Ok(Some(Group {
                 key: key.clone(),
-                size: size as u32,
-                bytes,
-                opened_at_ms: opened,
                 due_at_ms: *due,
-                due_reason: FlushReason::Timeout,
-                last_added_ms: opened,
-                max_wait: std::time::Duration::ZERO,
-                measures: Default::default(),
-                items: Vec::new(),
+                ..group
             }))
         });
         Ok(try_join_all(reads).await?.into_iter().flatten().collect())

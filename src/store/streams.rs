@@ -123,6 +123,14 @@ impl Store {
         // and a quiet stream would keep its old batches indefinitely.
         let exact = StreamTrimOptions::minid(StreamTrimmingMode::Exact, cut.to_string());
         conn.xtrim_options(&stream, &exact).await?;
+        // Requeue markers of trimmed batches: those batches cannot be
+        // requeued any more (NOT_FOUND), so the markers have done their job.
+        let _: () = redis::cmd("ZREMRANGEBYSCORE")
+            .arg(self.keys.shard(shard).requeued)
+            .arg("-inf")
+            .arg(format!("({}", cut.ms))
+            .query_async(&mut conn)
+            .await?;
         Ok(cut)
     }
 }

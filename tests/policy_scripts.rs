@@ -1,0 +1,214 @@
+//! The policy rules as the scripts apply them, driven through the store
+//! directly so each decision is seen without a sweeper: capacity before and
+//! after an item, close_group, the due time each rule sets, the min_items
+//! hold, Remove giving a deadline back, and Requeue's once-per-item marker.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use batcher::batch::{FlushReason, Item};
+use batcher::keys::Keyspace;
+use batcher::policy::{Policies, Policy, PolicyHandle};
+use batcher::store::{AddOutcome, AddResult, NewItem, RedisTarget, Store, Timeouts};
+
+use support::{RedisServer, eventually};
+
+fn open(redis: &RedisServer, policy: &Policy) -> Store {
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(2),
+        response: Duration::from_secs(5),
+    };
+    let handle = PolicyHandle::new(Policies::new(policy.clone(), []));
+    Store::open(
+        &RedisTarget::single(&redis.url(), timeouts),
+        Keyspace::new("pol", 4),
+        Duration::from_secs(600),
+        handle,
+    )
+    .expect("store")
+}
+
+/// A policy of 100 items and 10 minutes with a weight capacity of 10.
+fn truck() -> Policy {
+    Policy {
+        capacity: Arc::new(BTreeMap::from([("kg".to_owned(), 10)])),
+        ..Policy::basic(100, Duration::from_secs(600), None)
+    }
+}
+
+fn parcel(id: &str, kg: Option<u64>) -> Item {
+    let mut item = Item::new(id, format!("p-{id}"));
+    if let Some(kg) = kg {
+        item.measures.insert("kg".into(), kg);
+    }
+    item
+}
+
+async fn add(store: &Store, policy: &Policy, item: Item, close: bool) -> AddResult {
+    let new = NewItem {
+        key: "k".into(),
+        item,
+        policy: policy.clone(),
+        close,
+        requeue_of: None,
+    };
+    let mut report = store.add(vec![new]).await.expect("add");
+    report.results.remove(0)
+}
+
+fn ids(result: &AddResult) -> Vec<Vec<String>> {
+    result
+        .flushed
+        .iter()
+        .map(|b| {
+            b.items
+                .iter()
+                .map(|i| String::from_utf8_lossy(&i.id).into_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// An item that would not fit flushes the group first (CAPACITY) and opens
+/// the next; sums that reach the capacity flush with the item; a missing
+/// measure counts 0; close_group after a capacity flush writes two batches.
+#[tokio::test]
+async fn capacity_flushes_before_and_at_the_limit() {
+    let redis = RedisServer::start();
+    let policy = truck();
+    let store = open(&redis, &policy);
+    assert!(add(&store, &policy, parcel("a", Some(4)), false).await.flushed.is_empty());
+    assert!(add(&store, &policy, parcel("b", None), false).await.flushed.is_empty());
+    let c = add(&store, &policy, parcel("c", Some(7)), false).await;
+    assert_eq!(ids(&c), [["a", "b"]], "a and b leave before c");
+    assert_eq!(c.flushed[0].reason, FlushReason::Capacity);
+    assert_eq!(c.group_size, 1);
+    let group = store.group("k").await.unwrap().expect("open");
+    assert_eq!(group.measures.get("kg"), Some(&7));
+    let d = add(&store, &policy, parcel("d", Some(3)), false).await;
+    assert_eq!(ids(&d), [["c", "d"]], "7 + 3 reaches 10");
+    assert_eq!(d.flushed[0].reason, FlushReason::Capacity);
+    assert_eq!(d.flushed[0].items[1].measures.get("kg"), Some(&3));
+    assert_eq!(d.group_size, 0);
+
+    add(&store, &policy, parcel("e", Some(9)), false).await;
+    let f = add(&store, &policy, parcel("f", Some(2)), true).await;
+    assert_eq!(ids(&f), [vec!["e"], vec!["f"]]);
+    let reasons: Vec<FlushReason> = f.flushed.iter().map(|b| b.reason).collect();
+    assert_eq!(reasons, [FlushReason::Capacity, FlushReason::Closed]);
+    assert!(store.group("k").await.unwrap().is_none());
+}
+
+/// A deadline earlier than max_wait sets the due time to deadline - lead,
+/// with reason DEADLINE; removing that item gives the due time back.
+#[tokio::test]
+async fn deadline_sets_due_and_remove_gives_it_back() {
+    let redis = RedisServer::start();
+    let policy = Policy {
+        deadline_lead: Duration::from_secs(60),
+        ..Policy::basic(100, Duration::from_secs(3600), None)
+    };
+    let store = open(&redis, &policy);
+    add(&store, &policy, parcel("a", None), false).await;
+    let plain = store.group("k").await.unwrap().expect("open");
+    assert_eq!(plain.due_reason, FlushReason::Timeout);
+    let deadline = plain.opened_at_ms + 600_000;
+    let mut express = parcel("b", None);
+    express.deadline_ms = Some(deadline);
+    add(&store, &policy, express, false).await;
+    let group = store.group("k").await.unwrap().expect("open");
+    assert_eq!(group.due_reason, FlushReason::Deadline);
+    assert_eq!(group.due_at_ms, deadline - 60_000);
+    assert_eq!(group.items[1].deadline_ms, Some(deadline));
+    assert_eq!(group.max_wait, Duration::from_secs(3600));
+    assert!(store.remove("k", b"b").await.unwrap().0);
+    let group = store.group("k").await.unwrap().expect("open");
+    assert_eq!(group.due_reason, FlushReason::Timeout);
+    assert_eq!(group.due_at_ms, plain.due_at_ms);
+}
+
+/// Each add moves an IDLE due time to the last arrival plus max_idle.
+#[tokio::test]
+async fn idle_moves_with_each_add() {
+    let redis = RedisServer::start();
+    let policy = Policy {
+        max_idle: Some(Duration::from_secs(60)),
+        ..Policy::basic(100, Duration::from_secs(3600), None)
+    };
+    let store = open(&redis, &policy);
+    add(&store, &policy, parcel("a", None), false).await;
+    let first = store.group("k").await.unwrap().expect("open");
+    assert_eq!(first.due_reason, FlushReason::Idle);
+    assert_eq!(first.due_at_ms, first.last_added_ms + 60_000);
+    let later = eventually("a later clock", || async {
+        add(&store, &policy, parcel("b", None), false).await;
+        let g = store.group("k").await.unwrap().expect("open");
+        (g.last_added_ms > first.last_added_ms).then_some(g)
+    })
+    .await;
+    assert_eq!(later.due_at_ms, later.last_added_ms + 60_000);
+}
+
+/// A TIMEOUT below min_items holds the group open, re-armed to max_age; a
+/// flush by due time then writes nothing until max_age, and MAX_AGE flushes.
+#[tokio::test]
+async fn min_items_holds_until_max_age() {
+    let redis = RedisServer::start();
+    let policy = Policy {
+        min_items: 3,
+        max_age: Some(Duration::from_millis(1500)),
+        ..Policy::basic(100, Duration::from_millis(200), None)
+    };
+    let store = open(&redis, &policy);
+    add(&store, &policy, parcel("a", None), false).await;
+    let opened = store.group("k").await.unwrap().expect("open");
+    let held = eventually("the hold", || async {
+        let flushed = store.flush("k", FlushReason::Timeout).await.unwrap();
+        assert!(flushed.is_empty(), "a group below min_items is held");
+        let g = store.group("k").await.unwrap().expect("still open");
+        (g.due_reason == FlushReason::MaxAge).then_some(g)
+    })
+    .await;
+    assert_eq!(held.due_at_ms, opened.opened_at_ms + 1500);
+    let batches = eventually("max_age", || async {
+        let flushed = store.flush("k", FlushReason::Timeout).await.unwrap();
+        (!flushed.is_empty()).then_some(flushed)
+    })
+    .await;
+    assert_eq!(batches[0].reason, FlushReason::MaxAge);
+}
+
+/// Requeued items skip the dedup window once per (batch, item), carry
+/// requeue_count + 1, and a repeat is a duplicate.
+#[tokio::test]
+async fn requeue_once_per_batch_item() {
+    let redis = RedisServer::start();
+    let policy = Policy::basic(2, Duration::from_secs(600), None);
+    let store = open(&redis, &policy);
+    add(&store, &policy, parcel("a", Some(1)), false).await;
+    let done = add(&store, &policy, parcel("b", None), false).await;
+    let batch = done.flushed[0].clone();
+    let again = add(&store, &policy, parcel("a", Some(1)), false).await;
+    assert_eq!(again.outcome, AddOutcome::Duplicate, "inside the dedup window");
+    let requeue = |item: Item| NewItem {
+        key: "k".into(),
+        item: Item {
+            requeue_count: item.requeue_count + 1,
+            ..item
+        },
+        policy: policy.clone(),
+        close: false,
+        requeue_of: Some(batch.id()),
+    };
+    let a = batch.items[0].clone();
+    let report = store.add(vec![requeue(a.clone())]).await.unwrap();
+    assert_eq!(report.results[0].outcome, AddOutcome::Added);
+    let report = store.add(vec![requeue(a)]).await.unwrap();
+    assert_eq!(report.results[0].outcome, AddOutcome::Duplicate);
+    let group = store.group("k").await.unwrap().expect("open");
+    assert_eq!(group.items[0].requeue_count, 1);
+    assert_eq!(group.items[0].measures.get("kg"), Some(&1));
+}
