@@ -323,7 +323,9 @@ mod tests {
         assert!("size".parse::<FlushReason>().is_err());
         assert_eq!(
             FlushReason::lua_table(),
-            "local REASON = { SIZE = 'SIZE', TIMEOUT = 'TIMEOUT', BYTES = 'BYTES', MANUAL = 'MANUAL' }\n"
+            "local REASON = { SIZE = 'SIZE', TIMEOUT = 'TIMEOUT', BYTES = 'BYTES', MANUAL = 'MANUAL', \
+             CAPACITY = 'CAPACITY', IDLE = 'IDLE', CUTOFF = 'CUTOFF', DEADLINE = 'DEADLINE', \
+             MAX_AGE = 'MAX_AGE', CLOSED = 'CLOSED' }\n"
         );
     }
 

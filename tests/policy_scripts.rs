@@ -80,8 +80,18 @@ async fn capacity_flushes_before_and_at_the_limit() {
     let redis = RedisServer::start();
     let policy = truck();
     let store = open(&redis, &policy);
-    assert!(add(&store, &policy, parcel("a", Some(4)), false).await.flushed.is_empty());
-    assert!(add(&store, &policy, parcel("b", None), false).await.flushed.is_empty());
+    assert!(
+        add(&store, &policy, parcel("a", Some(4)), false)
+            .await
+            .flushed
+            .is_empty()
+    );
+    assert!(
+        add(&store, &policy, parcel("b", None), false)
+            .await
+            .flushed
+            .is_empty()
+    );
     let c = add(&store, &policy, parcel("c", Some(7)), false).await;
     assert_eq!(ids(&c), [["a", "b"]], "a and b leave before c");
     assert_eq!(c.flushed[0].reason, FlushReason::Capacity);
@@ -192,7 +202,11 @@ async fn requeue_once_per_batch_item() {
     let done = add(&store, &policy, parcel("b", None), false).await;
     let batch = done.flushed[0].clone();
     let again = add(&store, &policy, parcel("a", Some(1)), false).await;
-    assert_eq!(again.outcome, AddOutcome::Duplicate, "inside the dedup window");
+    assert_eq!(
+        again.outcome,
+        AddOutcome::Duplicate,
+        "inside the dedup window"
+    );
     let requeue = |item: Item| NewItem {
         key: "k".into(),
         item: Item {

@@ -54,10 +54,11 @@ local name, prefix, max_items, max_bytes, min_items = presized(G), presized(G), 
 local max_wait, open_rules, caps = presized(G), presized(G), presized(G)
 local size, bytes, seq, stored = presized(G), presized(G), presized(G), presized(G)
 local indexed, reopened, opened, due_at, why = presized(G), presized(G), presized(G), presized(G), presized(G)
-local rules, xs, sums, order, msum = presized(G), presized(G), presized(G), presized(G), presized(G)
+local rules, xs, sums = presized(G), presized(G), presized(G)
 local due_dirty, rules_dirty, sums_dirty = presized(G), presized(G), presized(G)
 local first_arrival, last_arrival, next_arrival = presized(G), presized(G), presized(n)
 local first_pending, last_pending, next_pending = presized(G), presized(G), presized(n)
+local capacities = {}
 for g = 1, ngroups do
   first_arrival[g], last_arrival[g], first_pending[g], last_pending[g] = false, false, false, false
   local base = 3 + 7 * (g - 1)
@@ -65,9 +66,21 @@ for g = 1, ngroups do
   max_items[g], max_bytes[g], min_items[g] = num(ARGV[base + 1]), num(ARGV[base + 2]), num(ARGV[base + 3])
   max_wait[g], open_rules[g] = num(ARGV[base + 4]), ARGV[base + 5]
   local cap = ARGV[base + 6]
-  if cap == '' then caps[g] = false else caps[g] = { parse_sums(cap) } end
+  if cap == '' then
+    caps[g] = false
+  else
+    -- Groups of one policy share its capacity's table.
+    caps[g] = capacities[cap]
+    if not caps[g] then
+      local limits, names = parse_sums(cap)
+      local fields = {}
+      for k = 1, #names do fields[k] = '+' .. names[k] end
+      caps[g] = { limits, names, fields }
+      capacities[cap] = caps[g]
+    end
+  end
   size[g], bytes[g], seq[g], stored[g], indexed[g], reopened[g], opened[g], due_at[g] = 0, 0, 0, 0, false, false, '', 0
-  why[g], rules[g], xs[g], sums[g], order[g], msum[g] = false, false, '', false, false, ''
+  why[g], rules[g], xs[g], sums[g] = false, false, '', false
   due_dirty[g], rules_dirty[g], sums_dirty[g] = false, false, false
 end
 
@@ -102,6 +115,8 @@ end
 local open = presized(n)
 
 local now, earliest = ctx.now, 0
+-- Where an item's measures are parsed to, reused item after item.
+local scratch = {}
 
 -- Appends item p to group g's pending chain and counts it.
 local function append(g, p)
@@ -110,43 +125,63 @@ local function append(g, p)
   size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[p]
 end
 
--- Group g's sums, read from its hash on first use.
-local function ensure_sums(g)
-  if not sums[g] then sums[g], order[g] = parse_sums(msum[g]) end
+-- Adds an item's measures to group g's sums of its capacity measures.
+local function add_measures(g, measures, count)
+  local s = sums[g]
+  for k = 1, count or #measures, 2 do
+    local m = measures[k]
+    if s[m] then s[m], sums_dirty[g] = s[m] + measures[k + 1], true end
+  end
 end
 
--- Adds an item's measures to group g's sums.
-local function add_measures(g, measures)
-  ensure_sums(g)
-  local s, o = sums[g], order[g]
-  for k = 1, #measures, 2 do
-    local m = measures[k]
-    if not s[m] then s[m], o[#o + 1] = 0, m end
-    s[m] = s[m] + measures[k + 1]
+-- Group g's sums of its capacity measures, from its items (for a group
+-- opened before a reload named a new capacity measure).
+local function sum_items(g)
+  local s, names = {}, caps[g][2]
+  for k = 1, #names do s[names[k]] = 0 end
+  sums[g], sums_dirty[g] = s, true
+  local seen, list = {}, false
+  if stored[g] > 0 then
+    local _, held = load_group(KEYS[4 + g], it)
+    list = held
   end
-  sums_dirty[g] = true
+  for _, p in ipairs(list or {}) do seen[#seen + 1] = p end
+  local p = first_pending[g]
+  while p do
+    seen[#seen + 1] = p
+    p = next_pending[p]
+  end
+  for k = 1, #seen do
+    if exts[seen[k]] ~= '' then
+      local _, measures = parse_ext(exts[seen[k]])
+      if measures then add_measures(g, measures) end
+    end
+  end
 end
 
 -- Group g's due rules as a table, made from its plain due time if needed.
 local function ensure_rules(g)
   if not rules[g] then
-    rules[g] = { due_at[g] - tonumber(opened[g]), 0, 0, 0, 0, 0 }
+    local o, d = opened[g], due_at[g]
+    if stored[g] > 0 and not reopened[g] then
+      local meta = call('HMGET', KEYS[4 + g], 'o', 'd')
+      o, d = meta[1], tonumber(meta[2])
+    end
+    rules[g] = { d - tonumber(o), 0, 0, 0, 0, 0, tonumber(o) }
     rules_dirty[g] = true
   end
 end
 
 -- Records a due time for group g that this call set.
 local function set_due(g, due, reason)
-  if due ~= due_at[g] or reason ~= why[g] then
-    due_at[g], why[g], due_dirty[g] = due, reason, true
-    if earliest == 0 or due < earliest then earliest = due end
-  end
+  due_at[g], why[g], due_dirty[g] = due, reason, true
+  if earliest == 0 or due < earliest then earliest = due end
 end
 
 -- Recomputes group g's due time after an arrival at `now`.
 local function rearm(g)
   if rules[g] then
-    local due, reason = due_of(rules[g], tonumber(opened[g]), now, size[g], min_items[g], now)
+    local due, reason = due_of(rules[g], now, size[g], min_items[g], now)
     set_due(g, due, reason)
   end
 end
@@ -154,29 +189,30 @@ end
 -- Opens group g now, with the due rules the call brought for it.
 local function open_group(g)
   opened[g], reopened[g] = ctx.now_s, true
-  sums[g], order[g], sums_dirty[g] = {}, {}, false
+  if caps[g] then
+    local s, names = {}, caps[g][2]
+    for k = 1, #names do s[names[k]] = 0 end
+    sums[g], sums_dirty[g] = s, true
+  end
   local r = open_rules[g]
   if r == '' then
     rules[g], xs[g] = false, ''
-    due_at[g], why[g] = -1, false
     set_due(g, now + max_wait[g], REASON.TIMEOUT)
   else
     local i, c1, c2, lead, a = string.match(r, '^(%d+),(%d+),(%d+),(%d+),(%d+)$')
     c1, c2 = tonumber(c1), tonumber(c2)
     local c = c1
     if c1 <= now then c = c2 end
-    rules[g] = { max_wait[g], tonumber(i), c, tonumber(lead), tonumber(a), 0 }
+    rules[g] = { max_wait[g], tonumber(i), c, tonumber(lead), tonumber(a), 0, now }
     rules_dirty[g] = true
-    due_at[g], why[g] = -1, false
   end
 end
 
 -- Whether an item with `measures` would push group g past a capacity
 -- (after = false), or whether the group's sums have reached one (after = true).
-local function over_capacity(g, measures, after)
+local function over_capacity(g, measures, count, after)
   local cap = caps[g]
   if not cap then return false end
-  ensure_sums(g)
   local limits, names, s = cap[1], cap[2], sums[g]
   for k = 1, #names do
     local m = names[k]
@@ -185,7 +221,7 @@ local function over_capacity(g, measures, after)
       if total >= limits[m] then return true end
     else
       if measures then
-        for j = 1, #measures, 2 do
+        for j = 1, count, 2 do
           if measures[j] == m then total = total + measures[j + 1] end
         end
       end
@@ -202,8 +238,9 @@ end
 local function flush_open(g, reason, batches)
   local list = {}
   if stored[g] > 0 then
-    local _
-    _, list = load_group(KEYS[4 + g], it)
+    local meta
+    meta, list = load_group(KEYS[4 + g], it)
+    if not reopened[g] then opened[g] = meta.o end
     call('DEL', KEYS[4 + g])
     stored[g] = 0
   end
@@ -219,19 +256,22 @@ local function flush_open(g, reason, batches)
   first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
   if from > #list then return batches end
   -- The rest stays open, as it was: its sums and earliest deadline anew.
-  sums[g], order[g], sums_dirty[g] = {}, {}, true
+  if caps[g] then
+    local s, names = {}, caps[g][2]
+    for k = 1, #names do s[names[k]] = 0 end
+    sums[g], sums_dirty[g] = s, true
+  end
   if rules[g] then rules[g][6], rules_dirty[g] = 0, true end
   for r = from, #list do
     p = list[r]
     append(g, p)
     if exts[p] ~= '' then
       local deadline, measures = parse_ext(exts[p])
-      if measures then add_measures(g, measures) end
-      if deadline and (rules[g][6] == 0 or deadline < rules[g][6]) then rules[g][6] = deadline end
+      if measures and caps[g] then add_measures(g, measures) end
+      if deadline and rules[g] and (rules[g][6] == 0 or deadline < rules[g][6]) then rules[g][6] = deadline end
     end
   end
-  due_dirty[g] = true
-  rearm(g)
+  if rules[g] then rearm(g) else set_due(g, tonumber(opened[g]) + max_wait[g], REASON.TIMEOUT) end
   return batches
 end
 
@@ -245,7 +285,13 @@ for g = 1, ngroups do
   -- Read the group's counters, and which of its arrivals' ids it holds.
   local i = first_arrival[g]
   local fields, values
-  fields = { 'n', 'b', 's', 'o', 'd', 'r', 'x', 'm' }
+  fields = { 'n', 'b', 's', 'x' }
+  local names = caps[g] and caps[g][2]
+  if names then
+    local plus = caps[g][3]
+    for k = 1, #names do fields[4 + k] = plus[k] end
+  end
+  local k = #fields
   while i do
     fields[#fields + 1] = ':' .. ids[i]
     i = next_arrival[i]
@@ -261,13 +307,22 @@ for g = 1, ngroups do
   end
   if values[1] then
     size[g], bytes[g], seq[g] = num(values[1]), num(values[2]), num(values[3])
-    -- (A group written before r, x and m existed has the plain rules.)
-    opened[g], due_at[g] = values[4], tonumber(values[5])
-    why[g], xs[g], msum[g] = values[6] or REASON.TIMEOUT, values[7] or '', values[8] or ''
-    if xs[g] ~= '' then rules[g] = parse_rules(xs[g]) end
     stored[g], indexed[g] = size[g], true
+    -- (A group written before x existed has the plain rules.)
+    xs[g] = values[4] or ''
+    if xs[g] ~= '' then
+      rules[g] = parse_rules(xs[g])
+      opened[g] = format('%d', rules[g][7])
+    end
+    if names then
+      local s = {}
+      for j = 1, #names do s[names[j]] = tonumber(values[4 + j]) end
+      sums[g] = s
+      for j = 1, #names do
+        if not s[names[j]] then sum_items(g) break end
+      end
+    end
   end
-  local k = 8
   i = first_arrival[g]
   while i do
     k = k + 1
@@ -297,22 +352,28 @@ for g = 1, ngroups do
         local batch_ms = string.match(requeue, '^%d+%-(%d+)%-')
         call('ZADD', requeued_key, batch_ms, requeue .. ':' .. id)
       end
-      local deadline, measures = false, false
-      if exts[i] ~= '' then deadline, measures = parse_ext(exts[i]) end
+      local deadline, measures, count = false, false, 0
+      if exts[i] ~= '' then
+        if caps[g] then
+          deadline, measures, count = parse_ext(exts[i], scratch)
+        else
+          deadline = ext_deadline(exts[i])
+        end
+      end
       local batches = false
       -- A group whose cutoff has passed takes no more items; nor one the
       -- item would push past a capacity.
-      if size[g] > 0 and why[g] == REASON.CUTOFF and due_at[g] <= now then
+      if size[g] > 0 and rules[g] and rules[g][3] > 0 and rules[g][3] <= now then
         batches = flush_open(g, REASON.CUTOFF, batches)
       end
-      if size[g] > 0 and over_capacity(g, measures, false) then
+      if size[g] > 0 and over_capacity(g, measures, count, false) then
         batches = flush_open(g, REASON.CAPACITY, batches)
       end
       if size[g] == 0 then open_group(g) end
       seq[g] = seq[g] + 1
       seqs[i] = seq[g]
       append(g, i)
-      if measures then add_measures(g, measures) end
+      if measures then add_measures(g, measures, count) end
       if deadline then
         ensure_rules(g)
         local r = rules[g]
@@ -324,7 +385,7 @@ for g = 1, ngroups do
         reason = REASON.SIZE
       elseif max_bytes[g] > 0 and bytes[g] >= max_bytes[g] then
         reason = REASON.BYTES
-      elseif over_capacity(g, false, true) then
+      elseif over_capacity(g, false, 0, true) then
         reason = REASON.CAPACITY
       elseif close[i] then
         reason = REASON.CLOSED
@@ -342,20 +403,24 @@ for g = 1, ngroups do
   elseif first_pending[g] then
     local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', format('%d', seq[g]), 'l', ctx.now_s }
     local whole = stored[g] == 0
-    if whole or due_dirty[g] then
-      args[#args + 1], args[#args + 2] = 'd', format('%d', due_at[g])
-      args[#args + 1], args[#args + 2] = 'r', why[g]
-    end
     if whole then
       args[#args + 1], args[#args + 2] = 'o', opened[g]
+    end
+    if due_dirty[g] then
+      args[#args + 1], args[#args + 2] = 'd', format('%d', due_at[g])
+      if why[g] ~= REASON.TIMEOUT or not whole then
+        args[#args + 1], args[#args + 2] = 'r', why[g]
+      end
     end
     if whole or rules_dirty[g] then
       if rules[g] then xs[g] = format_rules(rules[g]) end
       args[#args + 1], args[#args + 2] = 'x', xs[g]
     end
-    if whole or sums_dirty[g] then
-      if sums[g] then msum[g] = format_sums(sums[g], order[g]) end
-      args[#args + 1], args[#args + 2] = 'm', msum[g]
+    if sums_dirty[g] then
+      local s, names = sums[g], caps[g][2]
+      for j = 1, #names do
+        args[#args + 1], args[#args + 2] = caps[g][3][j], format('%d', s[names[j]])
+      end
     end
     i = first_pending[g]
     while i do

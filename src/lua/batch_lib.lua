@@ -6,11 +6,13 @@
 -- Group hash layout (one hash per open group):
 --   o = opened-at (ms, Redis clock)   d = due-at (ms)   n = item count
 --   b = payload bytes                 s = last arrival sequence number
---   r = the reason that set d         l = last arrival (ms)
+--   r = the reason that set d (absent: TIMEOUT)   l = last arrival (ms)
 --   x = the group's due rules, fixed when it opened: '' when d is just
---       opened + max_wait, else 'w,i,c,L,a,e' in ms (0 = none): max_wait,
---       max_idle, the cutoff, deadline_lead, max_age, earliest item deadline
---   m = sums of the items' measures, 'name=v;name=v' ('' when none)
+--       opened + max_wait, else 7 little-endian doubles (struct '<ddddddd'),
+--       in ms (0 = none): max_wait, max_idle, the cutoff, deadline_lead,
+--       max_age, the earliest item deadline, and opened-at again, so that
+--       one field holds all a rule needs and reads without parsing text
+--   '+' .. name = the sum of a capacity measure over the items
 --   ':' .. item_id = seq .. ',' .. payload, or seq .. ';' .. ext .. ',' .. payload
 -- An item's ext holds what it carries besides its payload, as ';'-separated
 -- fields: 'r' .. requeue count, 't' .. deadline (ms), 'm' .. name .. '=' .. value.
@@ -186,14 +188,14 @@ local function forget_stale(ctx)
   if #stale > 0 then chunked('ZREM', ctx.flushed, stale) end
 end
 
--- The due rules of a group whose x is not '': {w, i, c, L, a, e} in ms.
+-- The due rules of a group whose x is not '': {w, i, c, L, a, e, o} in ms.
 local function parse_rules(x)
-  local w, i, c, l, a, e = string.match(x, '^(%d+),(%d+),(%d+),(%d+),(%d+),(%d+)$')
-  return { tonumber(w), tonumber(i), tonumber(c), tonumber(l), tonumber(a), tonumber(e) }
+  local w, i, c, l, a, e, o = struct.unpack('<ddddddd', x)
+  return { w, i, c, l, a, e, o }
 end
 
 local function format_rules(r)
-  return format('%d,%d,%d,%d,%d,%d', r[1], r[2], r[3], r[4], r[5], r[6])
+  return struct.pack('<ddddddd', r[1], r[2], r[3], r[4], r[5], r[6], r[7])
 end
 
 -- When a group is due, and the reason: the earliest of opened + max_wait
@@ -202,8 +204,8 @@ end
 -- fewer than min_items whose TIMEOUT or IDLE has passed is held: those two
 -- no longer count (only with a max_age, so nothing waits forever). On a tie
 -- the rule that always flushes wins.
-local function due_of(rules, opened, last, size, min_items, now)
-  local w, i, c, lead, a, e = rules[1], rules[2], rules[3], rules[4], rules[5], rules[6]
+local function due_of(rules, last, size, min_items, now)
+  local w, i, c, lead, a, e, opened = rules[1], rules[2], rules[3], rules[4], rules[5], rules[6], rules[7]
   local held = a > 0 and size < min_items
   local due, why = math.huge, false
   local t = opened + w
@@ -218,7 +220,7 @@ local function due_of(rules, opened, last, size, min_items, now)
   return due, why
 end
 
--- Measure sums 'name=v;name=v' as a table (names in `order`, for writing back).
+-- 'name=v;name=v' (a capacity) as a table, and its names in order.
 local function parse_sums(m)
   local sums, order = {}, {}
   for name, v in string.gmatch(m, '([^;=]+)=(%d+)') do
@@ -228,27 +230,33 @@ local function parse_sums(m)
   return sums, order
 end
 
-local function format_sums(sums, order)
-  local parts = {}
-  for k = 1, #order do
-    parts[k] = order[k] .. '=' .. format('%d', sums[order[k]])
-  end
-  return table.concat(parts, ';')
+-- An item ext's deadline (or false), which comes first when there is one.
+local function ext_deadline(ext)
+  if byte(ext, 1) ~= 116 then return false end -- 't'
+  local stop = find(ext, ';', 2, true)
+  return tonumber(sub(ext, 2, stop and stop - 1 or #ext))
 end
 
--- An item ext's deadline (or false) and measures ({name, value, ...} or false).
-local function parse_ext(ext)
-  local deadline, measures = false, false
-  for field in string.gmatch(ext, '[^;]+') do
-    local kind = byte(field, 1)
+-- An item ext's deadline (or false) and measures ({name, value, ...} or
+-- false); `into`, if given, is filled with the measures instead of a new
+-- table (entries past them are left over from earlier use: the count is
+-- what ends the list, as the returned third value).
+local function parse_ext(ext, into)
+  local deadline, measures, count = false, false, 0
+  local at, len = 1, #ext
+  while at <= len do
+    local stop = find(ext, ';', at, true) or len + 1
+    local kind = byte(ext, at)
     if kind == 116 then -- 't'
-      deadline = tonumber(sub(field, 2))
+      deadline = tonumber(sub(ext, at + 1, stop - 1))
     elseif kind == 109 then -- 'm'
-      local eq = find(field, '=', 1, true)
-      measures = measures or {}
-      measures[#measures + 1] = sub(field, 2, eq - 1)
-      measures[#measures + 1] = tonumber(sub(field, eq + 1))
+      local eq = find(ext, '=', at, true)
+      measures = measures or into or {}
+      measures[count + 1] = sub(ext, at + 1, eq - 1)
+      measures[count + 2] = tonumber(sub(ext, eq + 1, stop - 1))
+      count = count + 2
     end
+    at = stop + 1
   end
-  return deadline, measures
+  return deadline, measures, count
 end

@@ -28,13 +28,14 @@ if not due then return { 0, {} } end
 due = tonumber(due)
 if reason == REASON.TIMEOUT then
   if due > ctx.now then return { 0, {} } end
-  local meta = call('HMGET', gkey, 'o', 'n', 'l', 'r', 'x')
-  local x = meta[5] or ''
+  local meta = call('HMGET', gkey, 'n', 'l', 'x')
+  local x = meta[3] or ''
   if x == '' then
-    reason = meta[4] or REASON.TIMEOUT
+    reason = REASON.TIMEOUT
   else
-    local opened, size, last = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3] or meta[1])
-    local next_due, why = due_of(parse_rules(x), opened, last, size, tonumber(ARGV[5]), ctx.now)
+    local rules = parse_rules(x)
+    local size, last = tonumber(meta[1]), tonumber(meta[2] or rules[7])
+    local next_due, why = due_of(rules, last, size, tonumber(ARGV[5]), ctx.now)
     if next_due > ctx.now then
       call('HSET', gkey, 'd', format('%d', next_due), 'r', why)
       call('ZADD', ctx.due, next_due, key)

@@ -1,6 +1,6 @@
 -- Takes one item out of its open group; deletes the group if it empties.
--- Its measures leave the group's sums, and when it held the group's earliest
--- deadline, the group's due time is computed again without it.
+-- Its measures leave the group's capacity sums, and when it held the group's
+-- earliest deadline, the group's due time is computed again without it.
 --
 -- KEYS[1]: the shard's due sorted set
 -- KEYS[2]: the group's hash
@@ -32,16 +32,16 @@ if ext == '' then return { 1, size } end
 
 local deadline, measures = parse_ext(ext)
 if measures then
-  local sums, order = parse_sums(call('HGET', gkey, 'm') or '')
   for k = 1, #measures, 2 do
-    local m = measures[k]
-    if sums[m] then sums[m] = sums[m] - measures[k + 1] end
+    local field = '+' .. measures[k]
+    if call('HEXISTS', gkey, field) == 1 then
+      call('HINCRBY', gkey, field, 0 - measures[k + 1])
+    end
   end
-  call('HSET', gkey, 'm', format_sums(sums, order))
 end
-local meta = call('HMGET', gkey, 'o', 'l', 'x')
-if deadline and meta[3] and meta[3] ~= '' then
-  local rules = parse_rules(meta[3])
+local meta = call('HMGET', gkey, 'l', 'x')
+if deadline and meta[2] and meta[2] ~= '' then
+  local rules = parse_rules(meta[2])
   if rules[6] == deadline then
     -- The earliest deadline left, from the items still in the group.
     local it = { seq = {}, id = {}, payload = {}, ext = {} }
@@ -55,8 +55,7 @@ if deadline and meta[3] and meta[3] ~= '' then
       end
     end
     rules[6] = earliest
-    local due, why = due_of(rules, tonumber(meta[1]), tonumber(meta[2] or meta[1]), size,
-      tonumber(ARGV[3]), now_ms())
+    local due, why = due_of(rules, tonumber(meta[1] or rules[7]), size, tonumber(ARGV[3]), now_ms())
     call('HSET', gkey, 'x', format_rules(rules), 'd', format('%d', due), 'r', why)
     call('ZADD', due_key, due, key)
   end

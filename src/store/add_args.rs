@@ -156,18 +156,19 @@ pub(crate) fn sums<'m>(measures: impl Iterator<Item = (&'m String, &'m u64)>) ->
     parts.join(";")
 }
 
-/// An item's ext (see `src/lua/batch_lib.lua`): `r<requeue count>`,
-/// `t<deadline ms>` and `m<name>=<value>` fields joined by `;`, or `""`.
+/// An item's ext (see `src/lua/batch_lib.lua`): `t<deadline ms>` (first,
+/// where the script looks for it), `m<name>=<value>` and `r<requeue count>`
+/// fields joined by `;`, or `""`.
 pub(crate) fn ext(item: &Item) -> String {
     let mut fields = Vec::new();
-    if item.requeue_count > 0 {
-        fields.push(format!("r{}", item.requeue_count));
-    }
     if let Some(deadline) = item.deadline_ms {
         fields.push(format!("t{deadline}"));
     }
     for (name, value) in &item.measures {
         fields.push(format!("m{name}={value}"));
+    }
+    if item.requeue_count > 0 {
+        fields.push(format!("r{}", item.requeue_count));
     }
     fields.join(";")
 }
@@ -194,7 +195,8 @@ mod tests {
         let (keys, argv) = args.into_parts();
         assert_eq!(
             keys,
-            ["due", "batches", "flushed", "requeued", "g:a", "g:b"].map(|k| format!("{}:{k}", keyspace.tag(2)))
+            ["due", "batches", "flushed", "requeued", "g:a", "g:b"]
+                .map(|k| format!("{}:{k}", keyspace.tag(2)))
         );
         let argv: Vec<&str> = argv
             .iter()

@@ -12,7 +12,6 @@ use super::add::AddOutcome;
 use super::groups::DueScan;
 use crate::batch::{
     Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_exts, decode_items, parse_ext,
-    parse_sums,
 };
 
 impl From<DecodeError> for ParsingError {
@@ -186,12 +185,20 @@ impl FromRedisValue for GroupHash {
         items.sort_by_key(|(seq, _)| *seq);
         let mut group = group_meta(&meta)?;
         group.items = items.into_iter().map(|(_, item)| item).collect();
+        // Every measure's sum, not only the capacity measures' the hash keeps.
+        group.measures.clear();
+        for item in &group.items {
+            for (name, value) in &item.measures {
+                *group.measures.entry(name.clone()).or_default() += value;
+            }
+        }
         Ok(GroupHash(Some(group)))
     }
 }
 
 /// A group's metadata fields, without its items: `n`, `b`, `o`, `d`, and
-/// (from groups written since they exist) `r`, `l`, `x` and `m`.
+/// (from groups written since they exist) `r`, `l`, `x` and the capacity
+/// measures' sums `+<name>`.
 pub(super) fn group_meta(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Result<Group, ParsingError> {
     let field = |name: &[u8]| -> Result<u64, ParsingError> {
         parse_u64(meta.get(name).ok_or("group without metadata")?)
@@ -199,10 +206,14 @@ pub(super) fn group_meta(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Result<Group, Pars
     let opened_at_ms = field(b"o")?;
     let due_at_ms = field(b"d")?;
     let rules = meta.get(&b"x"[..]).filter(|x| !x.is_empty());
+    // x holds the rules as little-endian doubles, max_wait first.
     let max_wait_ms = match rules {
         Some(x) => {
-            let first = x.split(|b| *b == b',').next().unwrap_or_default();
-            parse_u64(first)?
+            let first: [u8; 8] = x
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .ok_or("group rules too short")?;
+            f64::from_le_bytes(first) as u64
         }
         None => due_at_ms.saturating_sub(opened_at_ms),
     };
@@ -219,11 +230,20 @@ pub(super) fn group_meta(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Result<Group, Pars
         opened_at_ms,
         due_at_ms,
         due_reason,
-        last_added_ms: meta.get(&b"l"[..]).map_or(Ok(opened_at_ms), |l| parse_u64(l))?,
+        last_added_ms: meta
+            .get(&b"l"[..])
+            .map_or(Ok(opened_at_ms), |l| parse_u64(l))?,
         max_wait: Duration::from_millis(max_wait_ms),
         measures: meta
-            .get(&b"m"[..])
-            .map_or(Ok(Default::default()), |m| parse_sums(m))?,
+            .iter()
+            .filter_map(|(field, value)| {
+                let name = field.strip_prefix(b"+")?;
+                Some(Ok((
+                    String::from_utf8_lossy(name).into_owned(),
+                    parse_u64(value).ok()?,
+                )))
+            })
+            .collect::<Result<_, ParsingError>>()?,
         items: Vec::new(),
     })
 }

@@ -181,25 +181,37 @@ impl Store {
     /// to the node of its shard; the multiplexed connection pipelines them.
     /// A group flushed meanwhile is left out.
     async fn group_summaries(&self, candidates: &[(u64, String, u16)]) -> Result<Vec<Group>> {
-        const FIELDS: [&str; 8] = ["o", "d", "n", "b", "r", "l", "x", "m"];
-        let reads = candidates.iter().map(|(due, key, shard)| async move {
-            let mut conn = self.conn.clone();
-            let values: Vec<Option<Vec<u8>>> =
-                conn.hmget(self.keys.group(*shard, key), &FIELDS).await?;
-            let meta: HashMap<Vec<u8>, Vec<u8>> = FIELDS
-                .iter()
-                .zip(values)
-                .filter_map(|(name, value)| Some((name.as_bytes().to_vec(), value?)))
-                .collect();
-            if meta.len() < 4 {
-                return Ok::<_, StoreError>(None);
+        let policies = self.policies.current();
+        let reads = candidates.iter().map(|(due, key, shard)| {
+            let mut fields: Vec<String> = ["o", "d", "n", "b", "r", "l", "x"]
+                .map(String::from)
+                .to_vec();
+            fields.extend(
+                policies
+                    .resolve(key)
+                    .capacity
+                    .keys()
+                    .map(|m| format!("+{m}")),
+            );
+            async move {
+                let mut conn = self.conn.clone();
+                let values: Vec<Option<Vec<u8>>> =
+                    conn.hmget(self.keys.group(*shard, key), &fields).await?;
+                let meta: HashMap<Vec<u8>, Vec<u8>> = fields
+                    .into_iter()
+                    .zip(values)
+                    .filter_map(|(name, value)| Some((name.into_bytes(), value?)))
+                    .collect();
+                if meta.len() < 4 {
+                    return Ok::<_, StoreError>(None);
+                }
+                let group = group_meta(&meta).map_err(DecodeError::from)?;
+                Ok(Some(Group {
+                    key: key.clone(),
+                    due_at_ms: *due,
+                    ..group
+                }))
             }
-            let group = group_meta(&meta).map_err(DecodeError::from)?;
-            Ok(Some(Group {
-                key: key.clone(),
-                due_at_ms: *due,
-                ..group
-            }))
         });
         Ok(try_join_all(reads).await?.into_iter().flatten().collect())
     }
