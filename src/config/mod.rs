@@ -6,7 +6,8 @@
 //! written in the file) its line, on one line (see [`error`]). Values are
 //! typed so that serde rejects what no type allows: durations go through
 //! `humantime-serde`, sizes through `bytesize`, counts that must be at least
-//! 1 are `NonZero*`, and closed sets are enums. [`validate`] keeps the rest:
+//! 1 are `NonZero*`, closed sets are enums, and times of day and time zones
+//! are parsed by their own types (see [`PolicyDefaults`]). [`validate`] keeps the rest:
 //! rules that relate fields to each other and bounds no type expresses.
 //!
 //! ```toml

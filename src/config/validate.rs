@@ -1,9 +1,12 @@
 //! The rules of a configuration that no field's type expresses: bounds
 //! (a shard count, a longest wait, byte limits), the shape of strings (a key
 //! prefix, a Redis URL, cluster seed nodes that agree on credentials and
-//! TLS, a CA file only for `rediss://`), durations that must not be zero, and the rules
+//! TLS, a CA file only for `rediss://`), durations that must not be zero, a
+//! policy's capacity (measure names, values up to 2^53 - 1), and the rules
 //! that relate fields to each other (a policy's `max_items` against
-//! `[limits] max_items`, a key pattern against `[limits] max_key_bytes`).
+//! `[limits] max_items`, a key pattern against `[limits] max_key_bytes`, and
+//! on each policy table merged over `[defaults]`: `min_items` with `max_age`
+//! and `max_items`, `max_age` with `max_wait`).
 //!
 //! Each rule is one `ensure` call, most of them driven by a small table of
 //! fields; the first broken rule is returned as a [`Violation`] that names
