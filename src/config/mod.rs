@@ -6,7 +6,8 @@
 //! written in the file) its line, on one line (see [`error`]). Values are
 //! typed so that serde rejects what no type allows: durations go through
 //! `humantime-serde`, sizes through `bytesize`, counts that must be at least
-//! 1 are `NonZero*`, and closed sets are enums. [`validate`] keeps the rest:
+//! 1 are `NonZero*`, closed sets are enums, and times of day and time zones
+//! are parsed by their own types (see [`PolicyDefaults`]). [`validate`] keeps the rest:
 //! rules that relate fields to each other and bounds no type expresses.
 //!
 //! ```toml
@@ -31,6 +32,7 @@
 
 pub mod error;
 pub mod guard;
+mod policy;
 #[cfg(test)]
 mod tests;
 pub mod validate;
@@ -47,6 +49,10 @@ use serde::Deserialize;
 
 pub use self::error::ConfigError;
 pub use self::guard::{AuthConfig, HttpConfig, LogConfig, LogFormat, Role, TlsConfig, TokenConfig};
+pub use self::policy::{
+    CutoffTimes, DEFAULT_DEADLINE_LEAD, DEFAULT_MIN_ITEMS, DEFAULT_TIMEZONE, KeyPolicy,
+    PolicyDefaults, TimeZoneName,
+};
 pub use self::validate::Violation;
 use crate::policy::{Policies, Policy};
 
@@ -306,74 +312,6 @@ impl Default for RedisConfig {
     }
 }
 
-/// `[defaults]`: the flush policy of keys that no `[keys."..."]` table sets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PolicyDefaults {
-    /// Flush when a group reaches this many items: bounds batch size.
-    pub max_items: NonZeroU32,
-    /// Flush when the group's first item has waited this long: bounds latency.
-    #[serde(with = "humantime_serde")]
-    pub max_wait: Duration,
-    /// Flush when the group's payload bytes reach this, if set: bounds the
-    /// size of a batch message for consumers with a message-size limit.
-    pub max_bytes: Option<ByteSize>,
-}
-
-impl Default for PolicyDefaults {
-    fn default() -> Self {
-        PolicyDefaults {
-            max_items: DEFAULT_MAX_ITEMS,
-            max_wait: DEFAULT_MAX_WAIT,
-            max_bytes: DEFAULT_MAX_BYTES,
-        }
-    }
-}
-
-impl PolicyDefaults {
-    /// These defaults as a complete policy.
-    pub fn policy(&self) -> Policy {
-        Policy::basic(
-            self.max_items.get(),
-            self.max_wait,
-            self.max_bytes.map(|b| b.as_u64()),
-        )
-    }
-}
-
-/// The policy of an empty config file's `[defaults]`.
-impl Default for Policy {
-    fn default() -> Self {
-        PolicyDefaults::default().policy()
-    }
-}
-
-/// One `[keys."pattern"]` table: the fields it sets override `[defaults]`
-/// for the keys it matches; the fields it leaves unset come from `[defaults]`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct KeyPolicy {
-    /// Overrides `[defaults] max_items` for matching keys.
-    pub max_items: Option<NonZeroU32>,
-    /// Overrides `[defaults] max_wait` for matching keys.
-    #[serde(with = "humantime_serde")]
-    pub max_wait: Option<Duration>,
-    /// Overrides `[defaults] max_bytes` for matching keys.
-    pub max_bytes: Option<ByteSize>,
-}
-
-impl KeyPolicy {
-    /// This table's fields over `defaults`.
-    pub fn over(&self, defaults: Policy) -> Policy {
-        Policy {
-            max_items: self.max_items.map_or(defaults.max_items, NonZeroU32::get),
-            max_wait: self.max_wait.unwrap_or(defaults.max_wait),
-            max_bytes: self.max_bytes.map(|b| b.as_u64()).or(defaults.max_bytes),
-            ..defaults
-        }
-    }
-}
-
 /// `[limits]`: caps on what one request may carry, so one client cannot
 /// exhaust Redis' memory or stall a shard. Byte fields take an integer or a
 /// size string such as `"64KiB"`.
@@ -542,7 +480,7 @@ impl Config {
         let patterns: Vec<(String, Policy)> = self
             .keys
             .iter()
-            .map(|(pattern, table)| (pattern.clone(), table.over(defaults.clone())))
+            .map(|(pattern, table)| (pattern.clone(), table.over(&self.defaults).policy()))
             .collect();
         Policies::new(defaults, patterns)
     }

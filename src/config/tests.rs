@@ -3,6 +3,8 @@
 
 use super::*;
 
+mod policy;
+
 const EXAMPLE: &str = r#"
 listen = "127.0.0.1:50051"
 

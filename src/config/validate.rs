@@ -1,23 +1,28 @@
 //! The rules of a configuration that no field's type expresses: bounds
 //! (a shard count, a longest wait, byte limits), the shape of strings (a key
 //! prefix, a Redis URL, cluster seed nodes that agree on credentials and
-//! TLS, a CA file only for `rediss://`), durations that must not be zero, and the rules
+//! TLS, a CA file only for `rediss://`), durations that must not be zero, a
+//! policy's capacity (measure names, values up to 2^53 - 1), and the rules
 //! that relate fields to each other (a policy's `max_items` against
-//! `[limits] max_items`, a key pattern against `[limits] max_key_bytes`).
+//! `[limits] max_items`, a key pattern against `[limits] max_key_bytes`, and
+//! on each policy table merged over `[defaults]`: `min_items` with `max_age`
+//! and `max_items`, `max_age` with `max_wait`).
 //!
 //! Each rule is one `ensure` call, most of them driven by a small table of
 //! fields; the first broken rule is returned as a [`Violation`] that names
 //! the path to the field, and `error` turns it into a message with a line.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use bytesize::ByteSize;
 
 use super::{
-    Config, Limits, MAX_ID_BYTES_LIMIT, MAX_PAYLOAD_BYTES_LIMIT, MAX_SHARDS, MAX_WAIT_LIMIT,
-    RedisConfig,
+    Config, KeyPolicy, Limits, MAX_ID_BYTES_LIMIT, MAX_PAYLOAD_BYTES_LIMIT, MAX_SHARDS,
+    MAX_WAIT_LIMIT, PolicyDefaults, RedisConfig,
 };
+use crate::policy::measure_name_ok;
 
 /// The URL schemes the redis crate connects with.
 const REDIS_SCHEMES: [&str; 4] = ["redis://", "rediss://", "redis+unix://", "unix://"];
@@ -249,14 +254,21 @@ fn durations(c: &Config) -> Result<(), Violation> {
 }
 
 /// `[defaults]` and every `[keys."..."]` table, and the patterns themselves.
+/// Each table's own fields are checked, then the rules between fields on
+/// the table as its keys get it, merged over `[defaults]`.
 fn policies(c: &Config) -> Result<(), Violation> {
     let d = &c.defaults;
     let defaults = PolicyFields {
         max_items: Some(d.max_items),
         max_wait: Some(d.max_wait),
         max_bytes: d.max_bytes,
+        max_idle: d.max_idle,
+        capacity: Some(&d.capacity),
+        deadline_lead: Some(d.deadline_lead),
+        max_age: d.max_age,
     };
     defaults.check(c, &["defaults"])?;
+    merged(d, None, &["defaults"])?;
     let max_key_bytes = c.limits.max_key_bytes.as_u64();
     for (pattern, table) in &c.keys {
         ensure(!pattern.is_empty(), &["keys"], pattern, || {
@@ -273,20 +285,33 @@ fn policies(c: &Config) -> Result<(), Violation> {
             max_items: table.max_items,
             max_wait: table.max_wait,
             max_bytes: table.max_bytes,
+            max_idle: table.max_idle,
+            capacity: table.capacity.as_ref(),
+            deadline_lead: table.deadline_lead,
+            max_age: table.max_age,
         };
         fields.check(c, &["keys", pattern])?;
+        merged(&table.over(d), Some(table), &["keys", pattern])?;
     }
     Ok(())
 }
 
+/// The largest measure value and capacity: 2^53 - 1, the largest integer
+/// the scripts' Lua numbers hold exactly.
+pub const MAX_MEASURE: u64 = (1 << 53) - 1;
+
 /// The fields of one policy table that are set.
-struct PolicyFields {
+struct PolicyFields<'a> {
     max_items: Option<NonZeroU32>,
     max_wait: Option<Duration>,
     max_bytes: Option<ByteSize>,
+    max_idle: Option<Duration>,
+    capacity: Option<&'a BTreeMap<String, u64>>,
+    deadline_lead: Option<Duration>,
+    max_age: Option<Duration>,
 }
 
-impl PolicyFields {
+impl PolicyFields<'_> {
     /// Checks the set fields against `[limits]` and their bounds.
     fn check(&self, c: &Config, table: &[&str]) -> Result<(), Violation> {
         let limit = c.limits.max_items;
@@ -295,27 +320,74 @@ impl PolicyFields {
                 format!("must be between 1 and {limit} (limits.max_items), got {n}")
             })?;
         }
-        if let Some(wait) = self.max_wait {
-            ensure(
-                !wait.is_zero() && wait <= MAX_WAIT_LIMIT,
-                table,
-                "max_wait",
-                || {
-                    format!(
-                        "must be greater than 0 and at most {}, got {}",
-                        humantime::format_duration(MAX_WAIT_LIMIT),
-                        humantime::format_duration(wait)
-                    )
-                },
-            )?;
+        let longest = humantime::format_duration(MAX_WAIT_LIMIT);
+        for (field, value, zero_ok) in [
+            ("max_wait", self.max_wait, false),
+            ("max_idle", self.max_idle, false),
+            ("deadline_lead", self.deadline_lead, true),
+            ("max_age", self.max_age, false),
+        ] {
+            let Some(value) = value else { continue };
+            let ok = (zero_ok || !value.is_zero()) && value <= MAX_WAIT_LIMIT;
+            ensure(ok, table, field, || {
+                let least = if zero_ok { "" } else { "greater than 0 and " };
+                let got = humantime::format_duration(value);
+                format!("must be {least}at most {longest}, got {got}")
+            })?;
         }
         if let Some(bytes) = self.max_bytes {
             ensure(bytes.as_u64() > 0, table, "max_bytes", || {
                 "must be at least 1 when set, got 0".to_owned()
             })?;
         }
+        for (name, &value) in self.capacity.into_iter().flatten() {
+            ensure(measure_name_ok(name), table, "capacity", || {
+                format!("{name:?} is not a measure name: use 1 to 64 of A-Z a-z 0-9 _ - .")
+            })?;
+            ensure(
+                (1..=MAX_MEASURE).contains(&value),
+                table,
+                "capacity",
+                || format!("{name}: must be between 1 and {MAX_MEASURE}, got {value}"),
+            )?;
+        }
         Ok(())
     }
+}
+
+/// The rules between fields of the `merged` table its keys get: `min_items`
+/// needs `max_age` and at most `max_items`, and `max_age` is at least
+/// `max_wait`. `own` is the key table it came from (`None` for `[defaults]`),
+/// so a message can say which values came from `[defaults]`.
+fn merged(m: &PolicyDefaults, own: Option<&KeyPolicy>, table: &[&str]) -> Result<(), Violation> {
+    let from = |set_here: bool| if set_here { "" } else { " (from [defaults])" };
+    let min = m.min_items;
+    let min_from = from(own.is_none_or(|k| k.min_items.is_some()));
+    if min > 0 {
+        ensure(m.max_age.is_some(), table, "min_items", || {
+            format!(
+                "min_items = {min}{min_from} needs max_age: a group held below min_items \
+                 must still leave at some age (nothing may wait forever)"
+            )
+        })?;
+    }
+    let max_items = m.max_items;
+    ensure(min <= max_items.get(), table, "min_items", || {
+        let items_from = from(own.is_none_or(|k| k.max_items.is_some()));
+        format!("{min}{min_from} must be at most max_items = {max_items}{items_from}")
+    })?;
+    if let Some(age) = m.max_age {
+        ensure(age >= m.max_wait, table, "max_age", || {
+            let wait_from = from(own.is_none_or(|k| k.max_wait.is_some()));
+            format!(
+                "{}{} must be at least max_wait = {}{wait_from}",
+                humantime::format_duration(age),
+                from(own.is_none_or(|k| k.max_age.is_some())),
+                humantime::format_duration(m.max_wait),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

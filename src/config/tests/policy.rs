@@ -1,0 +1,318 @@
+//! Tests of the logistics fields of the policy tables: `max_idle`,
+//! `capacity`, `cutoffs`, `timezone`, `deadline_lead`, `min_items` and
+//! `max_age`, how a key table merges over `[defaults]`, and the rules
+//! checked on each merged table.
+
+use std::sync::Arc;
+
+use super::*;
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Ms since the epoch of an RFC 3339 instant.
+fn ms(instant: &str) -> u64 {
+    let at: jiff::Timestamp = instant.parse().unwrap();
+    u64::try_from(at.as_millisecond()).unwrap()
+}
+
+const ALL_FIELDS: &str = r#"
+[defaults]
+max_items = 40
+max_wait = "2h"
+max_idle = "20m"
+capacity = { weight_g = 24000000, volume_cm3 = 80000000 }
+cutoffs = ["17:45:30", "11:30"]
+timezone = "Europe/Berlin"
+deadline_lead = "45m"
+min_items = 5
+max_age = "6h"
+
+[keys."north-*"]                 # sets every field: nothing comes from [defaults]
+max_idle = "5m"
+capacity = { weight_g = 1000 }
+cutoffs = ["06:00"]
+timezone = "America/New_York"
+deadline_lead = "0s"
+min_items = 0
+max_age = "3h"
+
+[keys."south-*"]                 # only the zone: the default cutoffs, read in Tokyo
+timezone = "Asia/Tokyo"
+
+[keys."east"]                    # sets nothing
+"#;
+
+/// Every new field parses in `[defaults]` and becomes the defaults' policy.
+#[test]
+fn defaults_parse_to_policy() {
+    let c = parse(ALL_FIELDS).unwrap();
+    let d = &c.defaults;
+    assert_eq!(d.max_idle, Some(secs(20 * 60)));
+    assert_eq!(d.capacity["weight_g"], 24_000_000);
+    assert_eq!(d.timezone.name(), "Europe/Berlin");
+    assert_eq!(d.cutoffs.as_ref().unwrap().times().len(), 2);
+    let p = c.policies().defaults();
+    assert_eq!(p.max_items, 40);
+    assert_eq!(p.max_wait, secs(2 * 3600));
+    assert_eq!(p.max_idle, Some(secs(20 * 60)));
+    let capacity = BTreeMap::from([
+        ("volume_cm3".to_owned(), 80_000_000),
+        ("weight_g".to_owned(), 24_000_000),
+    ]);
+    assert_eq!(p.capacity, Arc::new(capacity));
+    assert_eq!(p.deadline_lead, secs(45 * 60));
+    assert_eq!(p.min_items, 5);
+    assert_eq!(p.max_age, Some(secs(6 * 3600)));
+    let cutoffs = p.cutoffs.expect("cutoffs");
+    assert_eq!(cutoffs.zone(), "Europe/Berlin");
+    // 11:30 and 17:45:30 CEST are 09:30 and 15:45:30 UTC.
+    assert_eq!(
+        cutoffs.next_after(ms("2026-07-01T09:00:00Z")),
+        ms("2026-07-01T09:30:00Z")
+    );
+    assert_eq!(
+        cutoffs.next_after(ms("2026-07-01T09:30:00Z")),
+        ms("2026-07-01T15:45:30Z")
+    );
+}
+
+/// A key table's fields override the defaults' one by one; unset ones fall
+/// back, and cutoffs from `[defaults]` are read in the key table's zone.
+#[test]
+fn key_tables_override_and_fall_back() {
+    let c = parse(ALL_FIELDS).unwrap();
+    let p = c.policies();
+    let north = p.resolve("north-1");
+    assert_eq!(north.max_items, 40);
+    assert_eq!(north.max_idle, Some(secs(5 * 60)));
+    let capacity = BTreeMap::from([("weight_g".to_owned(), 1000)]);
+    assert_eq!(
+        north.capacity,
+        Arc::new(capacity),
+        "capacity is replaced whole"
+    );
+    assert_eq!(north.deadline_lead, Duration::ZERO);
+    assert_eq!(north.min_items, 0);
+    assert_eq!(north.max_age, Some(secs(3 * 3600)));
+    let cutoffs = north.cutoffs.expect("cutoffs");
+    assert_eq!(cutoffs.zone(), "America/New_York");
+    // 06:00 EDT = 10:00 UTC.
+    assert_eq!(
+        cutoffs.next_after(ms("2026-07-01T00:00:00Z")),
+        ms("2026-07-01T10:00:00Z")
+    );
+
+    let south = p.resolve("south-1");
+    let cutoffs = south.cutoffs.clone().expect("cutoffs");
+    assert_eq!(cutoffs.zone(), "Asia/Tokyo");
+    // 11:30 JST (+09:00, no DST) = 02:30 UTC.
+    assert_eq!(
+        cutoffs.next_after(ms("2026-07-01T00:00:00Z")),
+        ms("2026-07-01T02:30:00Z")
+    );
+    let defaults = p.defaults();
+    assert_eq!(
+        Policy {
+            cutoffs: defaults.cutoffs.clone(),
+            ..south
+        },
+        defaults,
+        "south differs from [defaults] only in its zone"
+    );
+    assert_eq!(p.resolve("east"), defaults);
+}
+
+/// Without the new fields a policy has none of them: no idle flush, no
+/// capacity, no cutoffs (zone UTC), no lead, no minimum, no maximum age;
+/// the zone alone, without cutoffs, is accepted and sets none.
+#[test]
+fn new_fields_default_to_off() {
+    let d = parse("").unwrap().defaults;
+    assert_eq!(d.timezone.name(), DEFAULT_TIMEZONE);
+    assert_eq!(d.timezone, TimeZoneName::default());
+    assert_eq!(d.deadline_lead, DEFAULT_DEADLINE_LEAD);
+    assert_eq!(d.min_items, DEFAULT_MIN_ITEMS);
+    let p = Policy::default();
+    assert_eq!(p, Policy::basic(10, secs(240), None));
+    let c = parse("[defaults]\ntimezone = \"Europe/Berlin\"\n[keys.\"a\"]\ntimezone = \"UTC\"\n");
+    let p = c.unwrap().policies();
+    assert_eq!(p.defaults().cutoffs, None);
+    assert_eq!(p.resolve("a"), Policy::default());
+}
+
+/// Capacity names must be measure names and values 1 to 2^53 - 1.
+#[test]
+fn capacity_rules() {
+    let max = (1u64 << 53) - 1;
+    let c = parse(&format!(
+        "[keys.\"a\"]\ncapacity = {{ \"w.g-1_x\" = {max} }}\n"
+    ))
+    .unwrap();
+    assert_eq!(c.policies().resolve("a").capacity["w.g-1_x"], max);
+    let long = "x".repeat(65);
+    let cases = [
+        (
+            "[defaults]\ncapacity = { \"weight g\" = 5 }\n".to_owned(),
+            "batcher.toml: [defaults] capacity: \"weight g\" is not a measure name: use 1 to 64 \
+             of A-Z a-z 0-9 _ - . (line 2, column 1)"
+                .to_owned(),
+        ),
+        (
+            format!("[defaults]\ncapacity = {{ {long} = 5 }}\n"),
+            "[defaults] capacity: \"xxxx".to_owned(),
+        ),
+        (
+            "[keys.\"a\"]\ncapacity = { \"\" = 5 }\n".to_owned(),
+            "[keys.\"a\"] capacity: \"\" is not a measure name".to_owned(),
+        ),
+        (
+            "[keys.\"a\"]\nmax_items = 3\ncapacity = { weight_g = 0 }\n".to_owned(),
+            format!("[keys.\"a\"] capacity: weight_g: must be between 1 and {max}, got 0 (line 3"),
+        ),
+        (
+            format!("[defaults]\ncapacity = {{ weight_g = {} }}\n", max + 1),
+            format!(
+                "[defaults] capacity: weight_g: must be between 1 and {max}, got {}",
+                max + 1
+            ),
+        ),
+        (
+            "[defaults]\ncapacity = { weight_g = -1 }\n".to_owned(),
+            // serde names the measure as a field of the capacity table.
+            "[defaults.capacity] weight_g: invalid value: integer `-1`, expected u64 (line 2"
+                .to_owned(),
+        ),
+    ];
+    let cases: Vec<(&str, &str)> = cases
+        .iter()
+        .map(|(t, w)| (t.as_str(), w.as_str()))
+        .collect();
+    assert_rejected(&cases);
+}
+
+/// Cutoffs must be times of day and not an empty list; the zone must be a
+/// known IANA name. Each error names the table, the field and the line.
+#[test]
+fn cutoff_and_timezone_rules() {
+    assert_rejected(&[
+        (
+            "[defaults]\ncutoffs = [\"11:30\", \"25:00\"]\n",
+            "batcher.toml: [defaults] cutoffs: \"25:00\" is not a time of day: \
+             write HH:MM or HH:MM:SS (00:00 to 23:59:59) (line 2",
+        ),
+        (
+            "[keys.\"a\"]\ncutoffs = [\"9:30\"]\n",
+            "[keys.\"a\"] cutoffs: \"9:30\" is not a time of day",
+        ),
+        (
+            "[defaults]\ncutoffs = [\"11:30:60\"]\n",
+            "[defaults] cutoffs: \"11:30:60\" is not a time of day",
+        ),
+        (
+            "[defaults]\ncutoffs = []\n",
+            "[defaults] cutoffs: must list at least one time of day (leave cutoffs out for none) (line 2",
+        ),
+        (
+            "[defaults]\ncutoffs = [1130]\n",
+            "[defaults.cutoffs] 0: invalid type: integer `1130`, expected a string (line 2",
+        ),
+        (
+            "[defaults]\ntimezone = \"Europe/Bärlin\"\n",
+            "batcher.toml: [defaults] timezone: \"Europe/Bärlin\" is not a known IANA time zone (such",
+        ),
+        (
+            "[keys.\"a\"]\ncutoffs = [\"11:30\"]\ntimezone = \"CEST\"\n",
+            "[keys.\"a\"] timezone: \"CEST\" is not a known IANA time zone (such as \"Europe/Berlin\" or \"UTC\") (line 3",
+        ),
+    ]);
+}
+
+/// Durations are above 0 (`deadline_lead` may be 0) and at most 30 days.
+#[test]
+fn duration_rules() {
+    let c = parse("[defaults]\ndeadline_lead = \"0s\"\n[keys.\"a\"]\nmax_age = \"30days\"\n");
+    assert_eq!(c.unwrap().keys["a"].max_age, Some(MAX_WAIT_LIMIT));
+    let mut cases = Vec::new();
+    for (field, zero_ok) in [
+        ("max_idle", false),
+        ("max_age", false),
+        ("deadline_lead", true),
+    ] {
+        for table in ["[defaults]", "[keys.\"a\"]"] {
+            if !zero_ok {
+                cases.push((
+                    format!("{table}\n{field} = \"0s\"\n"),
+                    format!(
+                        "{table} {field}: must be greater than 0 and at most 30days, got 0s (line 2"
+                    ),
+                ));
+            }
+            let least = if zero_ok { "" } else { "greater than 0 and " };
+            cases.push((
+                format!("{table}\n{field} = \"31days\"\n"),
+                format!(
+                    "{table} {field}: must be {least}at most 30days, got 1month 13h 26m 24s (line 2"
+                ),
+            ));
+        }
+    }
+    let cases: Vec<(&str, &str)> = cases
+        .iter()
+        .map(|(t, w)| (t.as_str(), w.as_str()))
+        .collect();
+    assert_rejected(&cases);
+}
+
+/// `min_items` needs `max_age` and at most `max_items`, and `max_age` is at
+/// least `max_wait`, on the policy each table's keys get: a rule broken by
+/// one field from `[defaults]` and one from a key table is caught too.
+#[test]
+fn merged_rules() {
+    let ok = "[defaults]\nmin_items = 5\nmax_age = \"6h\"\n[keys.\"a\"]\nmax_items = 5\n";
+    assert_eq!(parse(ok).unwrap().policies().resolve("a").min_items, 5);
+    // A key table may turn the minimum off, and then needs no max_age.
+    let off = "[defaults]\nmin_items = 5\nmax_age = \"6h\"\n[keys.\"a\"]\nmin_items = 0\n";
+    assert_eq!(parse(off).unwrap().policies().resolve("a").min_items, 0);
+    let needs = "needs max_age: a group held below min_items must still leave at some age \
+                 (nothing may wait forever)";
+    assert_rejected(&[
+        (
+            "[defaults]\nmin_items = 5\n",
+            &format!(
+                "batcher.toml: [defaults] min_items: min_items = 5 {needs} (line 2, column 1)"
+            ),
+        ),
+        (
+            "[keys.\"a\"]\nmax_wait = \"1m\"\nmin_items = 3\n",
+            &format!("[keys.\"a\"] min_items: min_items = 3 {needs} (line 3"),
+        ),
+    ]);
+    // min_items from [defaults], max_age only in one key table: the
+    // defaults themselves break the rule.
+    assert_rejected(&[(
+        "[defaults]\nmin_items = 5\n[keys.\"a\"]\nmax_age = \"2h\"\n",
+        &format!("[defaults] min_items: min_items = 5 {needs} (line 2"),
+    )]);
+    assert_rejected(&[
+        (
+            // A key table lowers max_items below the default minimum.
+            "[defaults]\nmin_items = 5\nmax_age = \"1h\"\n[keys.\"b\"]\nmax_items = 4\n",
+            "[keys.\"b\"] min_items: 5 (from [defaults]) must be at most max_items = 4 (line 4",
+        ),
+        (
+            "[defaults]\nmax_items = 4\nmax_age = \"1h\"\nmin_items = 6\n",
+            "[defaults] min_items: 6 must be at most max_items = 4 (line 4",
+        ),
+        (
+            "[defaults]\nmax_age = \"1h\"\nmax_wait = \"2h\"\n",
+            "[defaults] max_age: 1h must be at least max_wait = 2h (line 2",
+        ),
+        (
+            // A key table's longer max_wait passes the defaults' max_age.
+            "[defaults]\nmax_age = \"1h\"\n[keys.\"a\"]\nmax_wait = \"90m\"\n",
+            "[keys.\"a\"] max_age: 1h (from [defaults]) must be at least max_wait = 1h 30m (line 3",
+        ),
+    ]);
+}
