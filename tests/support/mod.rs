@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod layout;
 pub mod load;
+pub mod policy;
 pub mod redis;
 pub mod scrape;
 pub mod tls;
