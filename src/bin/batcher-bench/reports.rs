@@ -6,6 +6,7 @@ use super::fanout::Fanout;
 use super::ingest::Ingest;
 use super::load;
 use super::overload::{OVERLOAD, Overload};
+use super::policies::{self, PolicyCost};
 use super::precision::Precision;
 use super::remembered::Remembered;
 use super::report::{Row, Verdict};
@@ -204,15 +205,72 @@ pub fn add_many(runner: &mut Runner, name: &str, r: &Ingest, pipelined: Option<f
         ),
     });
     runner.notes.push(format!(
-        "1. AddMany: {} items in {:.0} s, call latency p50 {:.1} ms, p99 {:.1} ms; \
-         CPU {}; {}{}.",
+        "1. AddMany: {}{}.",
+        add_many_summary(r),
+        r.stats.error_note()
+    ));
+}
+
+/// "91300 items in 2 s, call latency p50 ..., p99 ...; CPU ...; Redis CPU
+/// ... µs/item": an AddMany run, for the notes.
+fn add_many_summary(r: &Ingest) -> String {
+    format!(
+        "{} items in {:.0} s, call latency p50 {:.1} ms, p99 {:.1} ms; CPU {}; {}",
         r.stats.added,
         r.stats.window.as_secs_f64(),
         load::ms(&r.stats.latency, 0.5),
         load::ms(&r.stats.latency, 0.99),
         r.cpu,
         redis_cpu(r),
-        r.stats.error_note()
+    )
+}
+
+/// Scenario 11's row (Redis CPU per item with every rule on over the plain
+/// policy's, and both runs' items/s) and its notes. The row passes only if
+/// the every-rule run wrote CAPACITY batches, so the rules were in force.
+pub fn policy_cost(runner: &mut Runner, name: &str, r: &PolicyCost) {
+    let us = |i: &Ingest| {
+        i.redis_us_per_item()
+            .map_or("n/a".into(), |us| format!("{us:.1} µs"))
+    };
+    let capacity_flushes = r.capacity_flushes();
+    let (ratio, verdict) = match r.ratio() {
+        Some(x) => (
+            format!("{x:.2}×"),
+            Verdict::of(x <= policies::MAX_RATIO && capacity_flushes > 0),
+        ),
+        None => ("n/a".into(), Verdict::Info),
+    };
+    runner.rows.push(Row::new(
+        name,
+        format!(
+            "{} vs {} plain; {:.0} vs {:.0} items/s",
+            us(&r.rules),
+            us(&r.plain),
+            r.rules.stats.per_sec(),
+            r.plain.stats.per_sec()
+        ),
+        format!("≤ {}× plain, with CAPACITY flushes", policies::MAX_RATIO),
+        ratio,
+        verdict,
+    ));
+    let run = |label: &str, i: &Ingest| {
+        format!(
+            "{label}: {}; batches by reason {}{}",
+            add_many_summary(i),
+            i.flush_shares(),
+            i.stats.error_note()
+        )
+    };
+    let warning = if capacity_flushes == 0 {
+        " The every-rule run wrote no CAPACITY batch: the rules were not in force."
+    } else {
+        ""
+    };
+    runner.notes.push(format!(
+        "11. Every policy rule on. {}. {}.{warning}",
+        run("Plain run", &r.plain),
+        run("Every-rule run", &r.rules)
     ));
 }
 

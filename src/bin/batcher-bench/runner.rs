@@ -11,7 +11,8 @@ use super::report::{Row, Verdict};
 use super::scenarios::{Sizes, Target};
 use super::service::Env;
 use super::{
-    cluster, cluster_report, fanout, ingest, load, overload, precision, remembered, reports, scale,
+    cluster, cluster_report, fanout, ingest, load, overload, policies, precision, remembered,
+    reports, scale,
 };
 
 /// The table rows and notes collected so far, and whether any scenario could
@@ -112,6 +113,7 @@ pub async fn run_all(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &st
     run_scale(runner, env, sizes, run, streaming_rss).await;
     run_remembered(runner, env, sizes, run).await;
     run_overload(runner, env, sizes, run).await;
+    run_policy_cost(runner, env, sizes, run).await;
     env.service = None;
     run_cluster(runner, env, sizes, run, single.as_ref()).await;
 }
@@ -255,5 +257,31 @@ async fn run_overload(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &s
         {
             reports::overload(runner, &name, &r, queued);
         }
+    }
+}
+
+/// Scenario 11: scenario 1's load under the plain policy, then with every
+/// rule on, each on a fresh service over an emptied Redis.
+async fn run_policy_cost(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &str) {
+    let name = "11. every policy rule on: Redis CPU per item";
+    if !runner.wants("11") {
+        return;
+    }
+    let limit = Duration::from_secs(120);
+    let plain_name = format!("{name} (plain run)");
+    let Some(target) = runner.setup(&plain_name, env.fresh(true).await) else {
+        return;
+    };
+    let future = ingest::ingest_add_many(&target, sizes, run);
+    let Some(plain) = runner.attempt(&plain_name, limit, future).await else {
+        return;
+    };
+    let rules_name = format!("{name} (every-rule run)");
+    let Some(target) = runner.setup(&rules_name, env.fresh(true).await) else {
+        return;
+    };
+    let future = policies::rules_add_many(&target, sizes, run);
+    if let Some(rules) = runner.attempt(&rules_name, limit, future).await {
+        reports::policy_cost(runner, name, &policies::PolicyCost { plain, rules });
     }
 }

@@ -2,8 +2,8 @@
 //! fresh service, and an emptied Redis when the bench owns it), the [`Sizes`]
 //! of a full or quick run, and the few Redis reads the figures need. The
 //! scenarios themselves are `ingest.rs` (1, 2), `precision.rs` (3),
-//! `fanout.rs` (4), `scale.rs` (5 to 7), `remembered.rs` (8) and
-//! `overload.rs` (10); the bin's
+//! `fanout.rs` (4), `scale.rs` (5 to 7), `remembered.rs` (8),
+//! `overload.rs` (10) and `policies.rs` (11); the bin's
 //! module doc says how each figure is computed.
 
 use std::net::SocketAddr;

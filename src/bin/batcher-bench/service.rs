@@ -10,6 +10,7 @@ use batcher::keys::Keyspace;
 use batcher::pb;
 
 use super::load;
+use super::policies::RULES_CONFIG;
 use super::procs::{RedisServer, ServiceProc};
 use super::scenarios::{Target, precision_waits};
 
@@ -40,8 +41,8 @@ listen = "127.0.0.1:0"
 prefix = "bench"
 shards = 16
 
-# Ingest (scenarios 1, 2 and 9), fan-out (scenario 4) and the dedup sets
-# (scenario 8): groups flush by size.
+# Ingest (scenarios 1, 2, 9 and 11's plain run), fan-out (scenario 4) and
+# the dedup sets (scenario 8): groups flush by size.
 # The wait is long so that groups left open by one scenario never time out
 # during a later one.
 [defaults]
@@ -52,7 +53,7 @@ max_wait = "1h"
 [keys."sc-*"]
 max_items = 1000
 max_wait = "1h"
-
+{RULES_CONFIG}
 # Timeout precision (scenario 3): one glob per wait, full and quick runs.
 "#
     );
