@@ -163,10 +163,7 @@ end
 local function ensure_rules(g)
   if not rules[g] then
     local o, d = opened[g], due_at[g]
-    if stored[g] > 0 and not reopened[g] then
-      local meta = call('HMGET', KEYS[4 + g], 'o', 'd')
-      o, d = meta[1], tonumber(meta[2])
-    end
+    if stored[g] > 0 and not reopened[g] then o = call('HGET', KEYS[4 + g], 'o') end
     rules[g] = { d - tonumber(o), 0, 0, 0, 0, 0, tonumber(o) }
     rules_dirty[g] = true
   end
@@ -178,11 +175,14 @@ local function set_due(g, due, reason)
   if earliest == 0 or due < earliest then earliest = due end
 end
 
--- Recomputes group g's due time after an arrival at `now`.
+-- Recomputes group g's due time after an arrival at `now`, and records it
+-- only when it comes earlier (a deadline, a hold that ended) or is new: a
+-- due time that only moved later (max_idle) stays as it is, an early
+-- wake-up at which the flush script finds the real due time and re-arms.
 local function rearm(g)
   if rules[g] then
     local due, reason = due_of(rules[g], now, size[g], min_items[g], now)
-    set_due(g, due, reason)
+    if due_at[g] == 0 or due < due_at[g] then set_due(g, due, reason) end
   end
 end
 
@@ -204,7 +204,7 @@ local function open_group(g)
     local c = c1
     if c1 <= now then c = c2 end
     rules[g] = { max_wait[g], tonumber(i), c, tonumber(lead), tonumber(a), 0, now }
-    rules_dirty[g] = true
+    rules_dirty[g], due_at[g] = true, 0
   end
 end
 
@@ -271,6 +271,7 @@ local function flush_open(g, reason, batches)
       if deadline and rules[g] and (rules[g][6] == 0 or deadline < rules[g][6]) then rules[g][6] = deadline end
     end
   end
+  due_at[g] = 0
   if rules[g] then rearm(g) else set_due(g, tonumber(opened[g]) + max_wait[g], REASON.TIMEOUT) end
   return batches
 end
@@ -285,11 +286,11 @@ for g = 1, ngroups do
   -- Read the group's counters, and which of its arrivals' ids it holds.
   local i = first_arrival[g]
   local fields, values
-  fields = { 'n', 'b', 's', 'x' }
+  fields = { 'n', 'b', 's', 'x', 'd' }
   local names = caps[g] and caps[g][2]
   if names then
     local plus = caps[g][3]
-    for k = 1, #names do fields[4 + k] = plus[k] end
+    for k = 1, #names do fields[5 + k] = plus[k] end
   end
   local k = #fields
   while i do
@@ -309,14 +310,14 @@ for g = 1, ngroups do
     size[g], bytes[g], seq[g] = num(values[1]), num(values[2]), num(values[3])
     stored[g], indexed[g] = size[g], true
     -- (A group written before x existed has the plain rules.)
-    xs[g] = values[4] or ''
+    xs[g], due_at[g] = values[4] or '', tonumber(values[5])
     if xs[g] ~= '' then
       rules[g] = parse_rules(xs[g])
       opened[g] = format('%d', rules[g][7])
     end
     if names then
       local s = {}
-      for j = 1, #names do s[names[j]] = tonumber(values[4 + j]) end
+      for j = 1, #names do s[names[j]] = tonumber(values[5 + j]) end
       sums[g] = s
       for j = 1, #names do
         if not s[names[j]] then sum_items(g) break end

@@ -4,7 +4,9 @@
 -- no key.
 --
 -- Group hash layout (one hash per open group):
---   o = opened-at (ms, Redis clock)   d = due-at (ms)   n = item count
+--   o = opened-at (ms, Redis clock)   n = item count
+--   d = due-at (ms); when only max_idle has moved the due time later since,
+--       d is an earlier wake-up, at which the flush script re-arms
 --   b = payload bytes                 s = last arrival sequence number
 --   r = the reason that set d (absent: TIMEOUT)   l = last arrival (ms)
 --   x = the group's due rules, fixed when it opened: '' when d is just

@@ -152,7 +152,7 @@ impl FromRedisValue for DueScan {
 /// `src/lua/batch_lib.lua`) and one `:<id>` field per item, whose value is
 /// `<sequence>[;<ext>],<payload>`. `None` when the group is not open. The
 /// key is the caller's to fill in.
-pub(super) struct GroupHash(pub Option<Group>);
+pub(super) struct GroupHash(pub Option<(Group, Option<Rules>)>);
 
 impl FromRedisValue for GroupHash {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
@@ -183,7 +183,7 @@ impl FromRedisValue for GroupHash {
             items.push((parse_u64(seq)?, item));
         }
         items.sort_by_key(|(seq, _)| *seq);
-        let mut group = group_meta(&meta)?;
+        let (mut group, rules) = group_meta(&meta)?;
         group.items = items.into_iter().map(|(_, item)| item).collect();
         // Every measure's sum, not only the capacity measures' the hash keeps.
         group.measures.clear();
@@ -192,29 +192,25 @@ impl FromRedisValue for GroupHash {
                 *group.measures.entry(name.clone()).or_default() += value;
             }
         }
-        Ok(GroupHash(Some(group)))
+        Ok(GroupHash(Some((group, rules))))
     }
 }
 
 /// A group's metadata fields, without its items: `n`, `b`, `o`, `d`, and
 /// (from groups written since they exist) `r`, `l`, `x` and the capacity
 /// measures' sums `+<name>`.
-pub(super) fn group_meta(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Result<Group, ParsingError> {
+pub(super) fn group_meta(
+    meta: &HashMap<Vec<u8>, Vec<u8>>,
+) -> Result<(Group, Option<Rules>), ParsingError> {
     let field = |name: &[u8]| -> Result<u64, ParsingError> {
         parse_u64(meta.get(name).ok_or("group without metadata")?)
     };
     let opened_at_ms = field(b"o")?;
     let due_at_ms = field(b"d")?;
     let rules = meta.get(&b"x"[..]).filter(|x| !x.is_empty());
-    // x holds the rules as little-endian doubles, max_wait first.
-    let max_wait_ms = match rules {
-        Some(x) => {
-            let first: [u8; 8] = x
-                .get(..8)
-                .and_then(|b| b.try_into().ok())
-                .ok_or("group rules too short")?;
-            f64::from_le_bytes(first) as u64
-        }
+    let rules = rules.map(|x| Rules::parse(x)).transpose()?;
+    let max_wait_ms = match &rules {
+        Some(rules) => rules.0[0] as u64,
         None => due_at_ms.saturating_sub(opened_at_ms),
     };
     let due_reason = match meta.get(&b"r"[..]) {
@@ -223,7 +219,7 @@ pub(super) fn group_meta(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Result<Group, Pars
             .parse()?,
         None => FlushReason::Timeout,
     };
-    Ok(Group {
+    let group = Group {
         key: String::new(),
         size: field(b"n")? as u32,
         bytes: field(b"b")?,
@@ -245,7 +241,56 @@ pub(super) fn group_meta(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Result<Group, Pars
             })
             .collect::<Result<_, ParsingError>>()?,
         items: Vec::new(),
-    })
+    };
+    Ok((group, rules))
+}
+
+/// A group's due rules (its `x` field): max_wait, max_idle, the cutoff,
+/// deadline_lead, max_age, the earliest item deadline and opened-at, in ms
+/// (0 = none), as little-endian doubles.
+pub(super) struct Rules([f64; 7]);
+
+impl Rules {
+    fn parse(x: &[u8]) -> Result<Rules, ParsingError> {
+        if x.len() != 56 {
+            return Err("group rules of the wrong size".into());
+        }
+        let mut rules = [0.0; 7];
+        for (rule, bytes) in rules.iter_mut().zip(x.chunks_exact(8)) {
+            *rule = f64::from_le_bytes(bytes.try_into().unwrap_or_default());
+        }
+        Ok(Rules(rules))
+    }
+
+    /// The group's due time and the rule that sets it, as the scripts'
+    /// `due_of` computes it: the stored due time may be an earlier wake-up
+    /// when only max_idle moved it later.
+    pub(super) fn due(&self, last: u64, size: u32, min_items: u32, now: u64) -> (u64, FlushReason) {
+        let [wait, idle, cutoff, lead, age, deadline, opened] = self.0.map(|r| r as u64);
+        let held = age > 0 && size < min_items;
+        let passed = |t: u64| held && t <= now;
+        let mut due = (u64::MAX, FlushReason::MaxAge);
+        if !passed(opened + wait) {
+            due = (opened + wait, FlushReason::Timeout);
+        }
+        if idle > 0 && last + idle < due.0 && !passed(last + idle) {
+            due = (last + idle, FlushReason::Idle);
+        }
+        for (at, set, reason) in [
+            (cutoff, cutoff > 0, FlushReason::Cutoff),
+            (
+                deadline.saturating_sub(lead),
+                deadline > 0,
+                FlushReason::Deadline,
+            ),
+            (opened + age, age > 0, FlushReason::MaxAge),
+        ] {
+            if set && at <= due.0 {
+                due = (at, reason);
+            }
+        }
+        due
+    }
 }
 
 fn parse_u64(b: &[u8]) -> Result<u64, ParsingError> {

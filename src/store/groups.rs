@@ -6,7 +6,7 @@ use redis::AsyncCommands;
 
 use std::collections::HashMap;
 
-use super::decode::{GroupHash, ScriptBatch, group_meta};
+use super::decode::{GroupHash, Rules, ScriptBatch, group_meta};
 use super::{Result, Store, StoreError};
 use crate::batch::{Batch, DecodeError, FlushReason, Group};
 use crate::scripts;
@@ -126,9 +126,10 @@ impl Store {
             .arg(self.keys.group(shard, key))
             .query_async(&mut conn)
             .await?;
-        Ok(hash.0.map(|group| Group {
+        let min_items = self.policies.resolve(key).min_items;
+        Ok(hash.0.map(|(group, rules)| Group {
             key: key.to_owned(),
-            ..group
+            ..exact_due(group, rules.as_ref(), min_items)
         }))
     }
 
@@ -182,17 +183,13 @@ impl Store {
     /// A group flushed meanwhile is left out.
     async fn group_summaries(&self, candidates: &[(u64, String, u16)]) -> Result<Vec<Group>> {
         let policies = self.policies.current();
-        let reads = candidates.iter().map(|(due, key, shard)| {
+        let reads = candidates.iter().map(|(_, key, shard)| {
             let mut fields: Vec<String> = ["o", "d", "n", "b", "r", "l", "x"]
                 .map(String::from)
                 .to_vec();
-            fields.extend(
-                policies
-                    .resolve(key)
-                    .capacity
-                    .keys()
-                    .map(|m| format!("+{m}")),
-            );
+            let policy = policies.resolve(key);
+            let min_items = policy.min_items;
+            fields.extend(policy.capacity.keys().map(|m| format!("+{m}")));
             async move {
                 let mut conn = self.conn.clone();
                 let values: Vec<Option<Vec<u8>>> =
@@ -205,11 +202,10 @@ impl Store {
                 if meta.len() < 4 {
                     return Ok::<_, StoreError>(None);
                 }
-                let group = group_meta(&meta).map_err(DecodeError::from)?;
+                let (group, rules) = group_meta(&meta).map_err(DecodeError::from)?;
                 Ok(Some(Group {
                     key: key.clone(),
-                    due_at_ms: *due,
-                    ..group
+                    ..exact_due(group, rules.as_ref(), min_items)
                 }))
             }
         });
@@ -266,5 +262,20 @@ impl Store {
             }
         }
         Ok((found, None))
+    }
+}
+
+/// `group` with its due time and reason as its rules give them now: the
+/// stored due time is an earlier wake-up when only max_idle moved it later.
+fn exact_due(group: Group, rules: Option<&Rules>, min_items: u32) -> Group {
+    let Some(rules) = rules else { return group };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let (due_at_ms, due_reason) = rules.due(group.last_added_ms, group.size, min_items, now);
+    Group {
+        due_at_ms,
+        due_reason,
+        ..group
     }
 }
