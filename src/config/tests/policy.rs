@@ -1,7 +1,8 @@
 //! Tests of the logistics fields of the policy tables: `max_idle`,
 //! `capacity`, `cutoffs`, `timezone`, `deadline_lead`, `min_items` and
-//! `max_age`, how a key table merges over `[defaults]`, and the rules
-//! checked on each merged table.
+//! `max_age`, how a key table merges over `[defaults]`, the rules checked
+//! on each merged table, and the README's logistics and delayed-queue
+//! config examples.
 
 use std::sync::Arc;
 
@@ -315,4 +316,72 @@ fn merged_rules() {
             "[keys.\"a\"] max_age: 1h (from [defaults]) must be at least max_wait = 1h 30m (line 3",
         ),
     ]);
+}
+
+/// The first ```toml block after the README heading `heading`.
+fn readme_block(heading: &str) -> &'static str {
+    let readme = include_str!("../../../README.md");
+    let start = readme.find(heading).expect("the README section");
+    readme[start..]
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a toml block in the section")
+}
+
+/// The README's parcel-to-truck config parses to the policies its worked
+/// example walks through: 24 t and 80 m³ trucks, two departures a day in
+/// Berlin per area, and the plain defaults for other keys.
+#[test]
+fn readme_logistics_example_parses() {
+    let c = parse(readme_block("## Policies for logistics")).unwrap();
+    let p = c.policies();
+    let north = p.resolve("north-1");
+    assert_eq!((north.max_items, north.max_wait), (40, secs(2 * 3600)));
+    assert_eq!(north.max_idle, Some(secs(20 * 60)));
+    let capacity = BTreeMap::from([
+        ("volume_cm3".to_owned(), 80_000_000),
+        ("weight_g".to_owned(), 24_000_000),
+    ]);
+    assert_eq!(north.capacity, Arc::new(capacity));
+    assert_eq!(north.deadline_lead, secs(45 * 60));
+    assert_eq!((north.min_items, north.max_age), (5, Some(secs(6 * 3600))));
+    let departures = |key: &str| {
+        let cutoffs = p.resolve(key).cutoffs.expect("cutoffs");
+        assert_eq!(cutoffs.zone(), "Europe/Berlin");
+        let first = cutoffs.next_after(ms("2026-07-01T05:40:00Z"));
+        (first, cutoffs.next_after(first))
+    };
+    // 11:30 and 17:45 CEST; 12:15 and 19:00 CEST.
+    let want = (ms("2026-07-01T09:30:00Z"), ms("2026-07-01T15:45:00Z"));
+    assert_eq!(departures("north-1"), want);
+    let want = (ms("2026-07-01T10:15:00Z"), ms("2026-07-01T17:00:00Z"));
+    assert_eq!(departures("south-3"), want);
+    let south = p.resolve("south-3");
+    assert_eq!(
+        Policy {
+            cutoffs: None,
+            ..south
+        },
+        Policy {
+            cutoffs: None,
+            ..north
+        }
+    );
+    assert_eq!(p.resolve("east"), Policy::default());
+}
+
+/// The README's delayed-queue table parses to a policy whose only due rules
+/// are max_wait and item deadlines, with no lead: nothing flushes the one
+/// item before its deadline.
+#[test]
+fn readme_delayed_queue_example_parses() {
+    let c = parse(readme_block("## Recipe: batcher as a delayed queue")).unwrap();
+    let p = c.policies().resolve("unpaid:1001");
+    assert_eq!(p, Policy::basic(2, secs(3600), None));
+    assert_eq!(
+        (p.deadline_lead, p.max_idle, p.min_items),
+        (Duration::ZERO, None, 0)
+    );
+    assert!(p.cutoffs.is_none() && p.capacity.is_empty() && p.max_age.is_none());
 }
