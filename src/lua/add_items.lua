@@ -18,7 +18,10 @@
 --   ('name=v;name=v', '' for none)
 -- then, per item, 4 arguments: its group number g, followed by 'c' to close
 --   the group and 'q' .. batch_id for a requeued item; its id; its payload;
---   its ext (see batch_lib)
+--   and '' or its values then its ext (see batch_lib): the values are
+--   little-endian doubles, its deadline (0 = none) and then its measure for
+--   each of the group's capacity names in order, so that the script reads
+--   them without parsing text
 -- Returns: {earliest due (ms) among groups whose due time this call set, or
 --   0, then per item 3 values: outcome (1 added, 2 duplicate), group size
 --   after, the batches it wrote or false}
@@ -75,7 +78,7 @@ for g = 1, ngroups do
       local limits, names = parse_sums(cap)
       local fields = {}
       for k = 1, #names do fields[k] = '+' .. names[k] end
-      caps[g] = { limits, names, fields }
+      caps[g] = { limits, names, fields, '<' .. string.rep('d', #names + 1), 8 * (#names + 1) + 1 }
       capacities[cap] = caps[g]
     end
   end
@@ -115,8 +118,6 @@ end
 local open = presized(n)
 
 local now, earliest = ctx.now, 0
--- Where an item's measures are parsed to, reused item after item.
-local scratch = {}
 
 -- Appends item p to group g's pending chain and counts it.
 local function append(g, p)
@@ -126,12 +127,21 @@ local function append(g, p)
 end
 
 -- Adds an item's measures to group g's sums of its capacity measures.
-local function add_measures(g, measures, count)
+local function add_measures(g, measures)
   local s = sums[g]
-  for k = 1, count or #measures, 2 do
+  for k = 1, #measures, 2 do
     local m = measures[k]
     if s[m] then s[m], sums_dirty[g] = s[m] + measures[k + 1], true end
   end
+end
+
+-- Adds an item's values (see the arguments) to group g's sums.
+local function add_values(g, values)
+  local s, names = sums[g], caps[g][2]
+  for k = 1, #names do
+    s[names[k]] = s[names[k]] + values[k + 1]
+  end
+  sums_dirty[g] = true
 end
 
 -- Group g's sums of its capacity measures, from its items (for a group
@@ -208,23 +218,20 @@ local function open_group(g)
   end
 end
 
--- Whether an item with `measures` would push group g past a capacity
--- (after = false), or whether the group's sums have reached one (after = true).
-local function over_capacity(g, measures, count, after)
+-- Whether an item with `values` (see the arguments) would push group g
+-- past a capacity (after = false), or whether the group's sums have reached
+-- one (after = true).
+local function over_capacity(g, values, after)
   local cap = caps[g]
   if not cap then return false end
   local limits, names, s = cap[1], cap[2], sums[g]
   for k = 1, #names do
     local m = names[k]
-    local total = s[m] or 0
+    local total = s[m]
     if after then
       if total >= limits[m] then return true end
     else
-      if measures then
-        for j = 1, count, 2 do
-          if measures[j] == m then total = total + measures[j + 1] end
-        end
-      end
+      if values then total = total + values[k + 1] end
       if total > limits[m] then return true end
     end
   end
@@ -353,13 +360,18 @@ for g = 1, ngroups do
         local batch_ms = string.match(requeue, '^%d+%-(%d+)%-')
         call('ZADD', requeued_key, batch_ms, requeue .. ':' .. id)
       end
-      local deadline, measures, count = false, false, 0
+      local deadline, values = false, false
       if exts[i] ~= '' then
-        if caps[g] then
-          deadline, measures, count = parse_ext(exts[i], scratch)
+        local cap = caps[g]
+        if cap then
+          values = { struct.unpack(cap[4], exts[i]) }
+          deadline = values[1]
+          exts[i] = sub(exts[i], cap[5])
         else
-          deadline = ext_deadline(exts[i])
+          deadline = struct.unpack('<d', exts[i])
+          exts[i] = sub(exts[i], 9)
         end
+        if deadline == 0 then deadline = false end
       end
       local batches = false
       -- A group whose cutoff has passed takes no more items; nor one the
@@ -367,14 +379,14 @@ for g = 1, ngroups do
       if size[g] > 0 and rules[g] and rules[g][3] > 0 and rules[g][3] <= now then
         batches = flush_open(g, REASON.CUTOFF, batches)
       end
-      if size[g] > 0 and over_capacity(g, measures, count, false) then
+      if size[g] > 0 and over_capacity(g, values, false) then
         batches = flush_open(g, REASON.CAPACITY, batches)
       end
       if size[g] == 0 then open_group(g) end
       seq[g] = seq[g] + 1
       seqs[i] = seq[g]
       append(g, i)
-      if measures then add_measures(g, measures, count) end
+      if values then add_values(g, values) end
       if deadline then
         ensure_rules(g)
         local r = rules[g]
@@ -386,7 +398,7 @@ for g = 1, ngroups do
         reason = REASON.SIZE
       elseif max_bytes[g] > 0 and bytes[g] >= max_bytes[g] then
         reason = REASON.BYTES
-      elseif over_capacity(g, false, 0, true) then
+      elseif over_capacity(g, false, true) then
         reason = REASON.CAPACITY
       elseif close[i] then
         reason = REASON.CLOSED

@@ -232,18 +232,8 @@ local function parse_sums(m)
   return sums, order
 end
 
--- An item ext's deadline (or false), which comes first when there is one.
-local function ext_deadline(ext)
-  if byte(ext, 1) ~= 116 then return false end -- 't'
-  local stop = find(ext, ';', 2, true)
-  return tonumber(sub(ext, 2, stop and stop - 1 or #ext))
-end
-
--- An item ext's deadline (or false) and measures ({name, value, ...} or
--- false); `into`, if given, is filled with the measures instead of a new
--- table (entries past them are left over from earlier use: the count is
--- what ends the list, as the returned third value).
-local function parse_ext(ext, into)
+-- An item ext's deadline (or false) and measures ({name, value, ...} or false).
+local function parse_ext(ext)
   local deadline, measures, count = false, false, 0
   local at, len = 1, #ext
   while at <= len do
@@ -253,12 +243,12 @@ local function parse_ext(ext, into)
       deadline = tonumber(sub(ext, at + 1, stop - 1))
     elseif kind == 109 then -- 'm'
       local eq = find(ext, '=', at, true)
-      measures = measures or into or {}
+      measures = measures or {}
       measures[count + 1] = sub(ext, at + 1, eq - 1)
       measures[count + 2] = tonumber(sub(ext, eq + 1, stop - 1))
       count = count + 2
     end
     at = stop + 1
   end
-  return deadline, measures, count
+  return deadline, measures
 end

@@ -8,7 +8,7 @@ use tonic::Code;
 use super::BatcherService;
 use super::errors::{Error, invalid};
 use crate::auth::Caller;
-use crate::batch::Batch;
+use crate::batch::{self, Batch};
 use crate::pb;
 use crate::store::{AddOutcome, NewItem};
 
@@ -20,9 +20,9 @@ impl BatcherService {
         caller: &Caller,
         req: pb::RequeueRequest,
     ) -> Result<(u32, u32), Error> {
-        let [(shard, entry)] = self.batch_ids(std::slice::from_ref(&req.batch_id))?[..] else {
-            unreachable!("one id in, one out");
-        };
+        let (shard, entry) = batch::Batch::parse_id(&req.batch_id)
+            .filter(|(shard, _)| *shard < self.store.keyspace().shards())
+            .ok_or_else(|| invalid("batch_id", "is not a batch id"))?;
         if req.item_ids.is_empty() {
             return Err(invalid("item_ids", "must name at least one item"));
         }

@@ -2,7 +2,8 @@
 //! and the bench's ceiling (which feeds them to `redis-benchmark`) both use
 //! [`AddArgs`], so the two cannot drift apart.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::batch::Item;
@@ -31,6 +32,8 @@ pub struct AddArgs<'a> {
     /// Group number (from 1) of each key seen so far.
     group_of: HashMap<&'a str, usize>,
     group_keys: Vec<String>,
+    /// Each group's capacity, whose names order an item's values.
+    group_caps: Vec<Arc<BTreeMap<String, u64>>>,
     group_args: Vec<Vec<u8>>,
     item_args: Vec<Vec<u8>>,
 }
@@ -53,6 +56,7 @@ impl<'a> AddArgs<'a> {
             now_ms,
             group_of: HashMap::new(),
             group_keys: Vec::new(),
+            group_caps: Vec::new(),
             group_args: Vec::new(),
             item_args: Vec::new(),
         }
@@ -82,7 +86,8 @@ impl<'a> AddArgs<'a> {
         close: bool,
         requeue_of: Option<&str>,
     ) -> &mut Self {
-        let mut group = self.group(key, policy).to_string();
+        let number = self.group(key, policy);
+        let mut group = number.to_string();
         if close {
             group.push('c');
         }
@@ -90,11 +95,12 @@ impl<'a> AddArgs<'a> {
             group.push('q');
             group.push_str(batch);
         }
+        let capacity = &self.group_caps[number - 1];
         self.item_args.extend([
             group.into_bytes(),
             item.id.clone(),
             item.payload.clone(),
-            ext(item).into_bytes(),
+            values_and_ext(item, capacity),
         ]);
         self
     }
@@ -104,6 +110,7 @@ impl<'a> AddArgs<'a> {
         let next = self.group_of.len() + 1;
         *self.group_of.entry(key).or_insert_with(|| {
             self.group_keys.push(self.keyspace.group(self.shard, key));
+            self.group_caps.push(policy.capacity.clone());
             self.group_args.extend([
                 key.as_bytes().to_vec(),
                 policy.max_items.to_string().into_bytes(),
@@ -154,6 +161,26 @@ fn open_rules(policy: &Policy, now_ms: u64) -> String {
 pub(crate) fn sums<'m>(measures: impl Iterator<Item = (&'m String, &'m u64)>) -> String {
     let parts: Vec<String> = measures.map(|(name, v)| format!("{name}={v}")).collect();
     parts.join(";")
+}
+
+/// An item's last add-script argument: `""` for an item with nothing but
+/// an id and a payload; else its values as little-endian doubles (its
+/// deadline or 0, then its measure, or 0, for each name of the group's
+/// `capacity` in order), then its ext.
+fn values_and_ext(item: &Item, capacity: &BTreeMap<String, u64>) -> Vec<u8> {
+    let ext = ext(item);
+    if ext.is_empty() {
+        return Vec::new();
+    }
+    let mut arg = Vec::with_capacity(8 * (1 + capacity.len()) + ext.len());
+    let deadline = item.deadline_ms.unwrap_or(0);
+    arg.extend_from_slice(&(deadline as f64).to_le_bytes());
+    for name in capacity.keys() {
+        let value = item.measures.get(name).copied().unwrap_or(0);
+        arg.extend_from_slice(&(value as f64).to_le_bytes());
+    }
+    arg.extend_from_slice(ext.as_bytes());
+    arg
 }
 
 /// An item's ext (see `src/lua/batch_lib.lua`): `t<deadline ms>` (first,
