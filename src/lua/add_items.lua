@@ -387,18 +387,21 @@ for g = 1, ngroups do
       seqs[i] = seq[g]
       append(g, i)
       if values then add_values(g, values) end
+      -- The due time can only come earlier with a new group, an earlier
+      -- deadline or a hold that ends; max_idle only moves it later.
+      local moved = due_at[g] == 0 or size[g] == min_items[g]
       if deadline then
         ensure_rules(g)
         local r = rules[g]
-        if r[6] == 0 or deadline < r[6] then r[6], rules_dirty[g] = deadline, true end
+        if r[6] == 0 or deadline < r[6] then r[6], rules_dirty[g], moved = deadline, true, true end
       end
-      rearm(g)
+      if moved then rearm(g) end
       local reason = false
       if size[g] >= max_items[g] then
         reason = REASON.SIZE
       elseif max_bytes[g] > 0 and bytes[g] >= max_bytes[g] then
         reason = REASON.BYTES
-      elseif over_capacity(g, false, true) then
+      elseif values and over_capacity(g, false, true) then
         reason = REASON.CAPACITY
       elseif close[i] then
         reason = REASON.CLOSED

@@ -134,26 +134,26 @@ end
 -- records their ids as recently flushed. Returns the batch as
 -- {stream_id, reason, opened, flushed, n, items, x}.
 local function write_batch(ctx, key, reason, opened, it, list, from, to)
-  local parts, members, extras = {}, {}, false
+  local parts, members, xparts, extras = {}, {}, {}, false
   local prefix, expire = flushed_prefix(key), ctx.expire
   local ids, payloads, exts = it.id, it.payload, it.ext
   for i = from, to do
-    local id, payload = ids[list[i]], payloads[list[i]]
+    local id, payload, ext = ids[list[i]], payloads[list[i]], exts[list[i]]
     parts[#parts + 1] = dec(#id) .. ':' .. id .. dec(#payload) .. ':' .. payload
     members[#members + 1] = expire
     members[#members + 1] = prefix .. id
-    if exts[list[i]] ~= '' then extras = true end
+    if ext == '' then
+      xparts[#xparts + 1] = '0:'
+    else
+      xparts[#xparts + 1] = dec(#ext) .. ':' .. ext
+      extras = true
+    end
   end
   local blob = table.concat(parts)
   local n = dec(to - from + 1)
   local x, stream_id = ''
   if extras then
-    parts = {}
-    for i = from, to do
-      local ext = exts[list[i]]
-      parts[#parts + 1] = dec(#ext) .. ':' .. ext
-    end
-    x = table.concat(parts)
+    x = table.concat(xparts)
     stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason,
       'opened', opened, 'flushed', ctx.now_s, 'n', n, 'items', blob, 'x', x)
   else
