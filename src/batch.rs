@@ -195,30 +195,32 @@ pub struct Group {
 #[error("unexpected data in Redis: {0}")]
 pub struct DecodeError(pub String);
 
+/// Takes one `<length>:<value>` off the front of a `what` blob.
+fn take<'a>(blob: &mut &'a [u8], what: &str) -> Result<&'a [u8], DecodeError> {
+    let colon = blob
+        .iter()
+        .position(|b| *b == b':')
+        .ok_or_else(|| DecodeError(format!("{what} blob: missing length")))?;
+    let len: usize = std::str::from_utf8(&blob[..colon])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| DecodeError(format!("{what} blob: bad length")))?;
+    let rest = &blob[colon + 1..];
+    if rest.len() < len {
+        return Err(DecodeError(format!("{what} blob: truncated")));
+    }
+    let (value, tail) = rest.split_at(len);
+    *blob = tail;
+    Ok(value)
+}
+
 /// Decodes the `items` blob of a batch: for each item,
 /// `<id length>:<id><payload length>:<payload>`.
 pub fn decode_items(mut blob: &[u8], expected: usize) -> Result<Vec<Item>, DecodeError> {
-    fn take<'a>(blob: &mut &'a [u8]) -> Result<&'a [u8], DecodeError> {
-        let colon = blob
-            .iter()
-            .position(|b| *b == b':')
-            .ok_or_else(|| DecodeError("item blob: missing length".into()))?;
-        let len: usize = std::str::from_utf8(&blob[..colon])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| DecodeError("item blob: bad length".into()))?;
-        let rest = &blob[colon + 1..];
-        if rest.len() < len {
-            return Err(DecodeError("item blob: truncated".into()));
-        }
-        let (value, tail) = rest.split_at(len);
-        *blob = tail;
-        Ok(value)
-    }
     let mut items = Vec::with_capacity(expected);
     while !blob.is_empty() {
-        let id = take(&mut blob)?.to_vec();
-        let payload = take(&mut blob)?.to_vec();
+        let id = take(&mut blob, "item")?.to_vec();
+        let payload = take(&mut blob, "item")?.to_vec();
         items.push(Item::new(id, payload));
     }
     if items.len() != expected {
@@ -237,20 +239,7 @@ pub fn decode_exts(mut blob: &[u8], items: &mut [Item]) -> Result<(), DecodeErro
         return Ok(());
     }
     for item in items.iter_mut() {
-        let colon = blob
-            .iter()
-            .position(|b| *b == b':')
-            .ok_or_else(|| DecodeError("ext blob: missing length".into()))?;
-        let len: usize = std::str::from_utf8(&blob[..colon])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| DecodeError("ext blob: bad length".into()))?;
-        let rest = &blob[colon + 1..];
-        if rest.len() < len {
-            return Err(DecodeError("ext blob: truncated".into()));
-        }
-        parse_ext(&rest[..len], item)?;
-        blob = &rest[len..];
+        parse_ext(take(&mut blob, "ext")?, item)?;
     }
     if !blob.is_empty() {
         return Err(DecodeError("ext blob: more exts than items".into()));

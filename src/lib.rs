@@ -1,10 +1,12 @@
 //! batcher groups items per key in Redis and flushes each group as one batch
-//! when it reaches its size threshold or when its first item has waited for
-//! the key's wait window.
+//! when it reaches a limit (items, bytes, a capacity measure) or when the
+//! earliest of its due-time rules comes (wait window, idle time, cutoff,
+//! item deadline, maximum age).
 //!
 //! # Layout
 //! - `config`: the TOML config file: its tables, defaults, validation and error messages.
-//! - `policy`: flush policies, key globs, and the reloadable table every task reads.
+//! - `policy`: flush policies, key globs, the reloadable table every task
+//!   reads, and the cutoff clock (local departure times in a time zone).
 //! - `keys`: Redis key names, shards and hash tags (spread over the cluster
 //!   slots); the only place that formats them.
 //! - `scripts`: the Lua scripts, one per atomic operation.
@@ -14,11 +16,12 @@
 //!   subscribers' blocking stream reads on their dedicated connections; replies
 //!   are decoded into our types by `FromRedisValue`; adds wait in bounded
 //!   per-shard queues.
-//! - `sweeper`: flushes groups whose wait window has passed.
+//! - `sweeper`: flushes groups whose due time has passed (the flush script
+//!   holds a group below `min_items` instead).
 //! - `subscribers`: live subscriptions (shard tails fanned out to subscribers)
 //!   and durable ones (consumers of a consumer group, each holding at most
 //!   `max_unacked` unacked batches).
-//! - `service`: the gRPC API: handlers, request checks, protobuf conversions,
+//! - `service`: the gRPC API: handlers (Requeue in its own file), request checks, protobuf conversions,
 //!   one deadline per call, and the mapping of errors to status codes with
 //!   AIP-193 error details.
 //! - `embedded`: runs and supervises a `redis-server` child when no URL is configured;

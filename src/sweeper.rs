@@ -1,4 +1,4 @@
-//! The sweeper: flushes groups whose wait window has passed.
+//! The sweeper: flushes groups whose due time has passed.
 //!
 //! Every instance sweeps every shard, one task per shard. A task sleeps until
 //! the earliest due time it knows of: the one the due-groups script returns,

@@ -12,7 +12,7 @@ use support::policy::{
     Client, clock_past, cutoff_ahead, due_reason, group, held, ids, ms, now_ms, reason, shifted,
     start, subscribe_all, weighed,
 };
-use support::{RedisServer, Service, command_calls, config, eventually, next_batch};
+use support::{RedisServer, Service, config, next_batch, wait_for_first_sweeps};
 
 /// An hour in ms.
 const HOUR: i64 = 3_600_000;
@@ -73,19 +73,6 @@ async fn a_cutoff_in_a_non_utc_zone_flushes_the_group_at_the_cutoff() {
     assert_eq!(ids(&next.items), ["b"]);
     assert_next_wave(&next, at);
     service.stop().await;
-}
-
-/// The commands a script call can be counted under.
-const SCRIPT_CALLS: &[&str] = &["evalsha", "eval", "evalsha_ro", "eval_ro", "fcall"];
-
-/// Waits until each of the 4 test shards' sweepers has scanned once (the
-/// only scripts run on a fresh Redis before any add).
-async fn wait_for_first_sweeps(redis: &RedisServer) {
-    eventually("each sweeper's first scan", || {
-        let scans = command_calls(redis, SCRIPT_CALLS);
-        async move { (scans >= 4).then_some(()) }
-    })
-    .await;
 }
 
 /// An add that comes after the cutoff of a group no sweeper has flushed yet

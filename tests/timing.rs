@@ -6,24 +6,10 @@ mod support;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use batcher::pb;
-use support::{Process, RedisServer, Service, add, command_calls, config, eventually, next_batch};
+use support::{Process, RedisServer, Service, add, config, next_batch, wait_for_first_sweeps};
 
 fn ms(ts: &prost_types::Timestamp) -> i64 {
     ts.seconds * 1000 + i64::from(ts.nanos) / 1_000_000
-}
-
-/// The commands a script call can be counted under.
-const SCRIPT_CALLS: &[&str] = &["evalsha", "eval", "evalsha_ro", "eval_ro", "fcall"];
-
-/// Waits until each of the 4 test shards' sweepers has scanned once: before
-/// any add, the sweepers' due scans are the only scripts run on this
-/// (fresh) Redis, and each scans once before its first sleep.
-async fn wait_for_first_sweeps(redis: &RedisServer) {
-    eventually("each sweeper's first scan", || {
-        let scans = command_calls(redis, SCRIPT_CALLS);
-        async move { (scans >= 4).then_some(()) }
-    })
-    .await;
 }
 
 /// A group flushes by TIMEOUT at opened + max_wait, never early, even when the

@@ -2,7 +2,7 @@
 //! in `checks`, the mapping between protobuf and domain types in `convert`,
 //! and the one place that decides gRPC status codes (with AIP-193 error
 //! details) in `errors`. `deadline` wraps the whole service, giving every
-//! call one deadline.
+//! call one deadline. `requeue` holds Requeue's body.
 
 mod checks;
 mod convert;

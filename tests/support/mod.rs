@@ -358,6 +358,20 @@ pub fn assert_error_info(status: &tonic::Status, reason: &str) -> HashMap<String
     info.metadata
 }
 
+/// The commands a script call can be counted under.
+const SCRIPT_CALLS: &[&str] = &["evalsha", "eval", "evalsha_ro", "eval_ro", "fcall"];
+
+/// Waits until each of the 4 test shards' sweepers has scanned once: before
+/// any add, the sweepers' due scans are the only scripts run on a fresh
+/// Redis, and each scans once before its first sleep.
+pub async fn wait_for_first_sweeps(redis: &RedisServer) {
+    eventually("each sweeper's first scan", || {
+        let scans = command_calls(redis, SCRIPT_CALLS);
+        async move { (scans >= 4).then_some(()) }
+    })
+    .await;
+}
+
 /// How many times Redis has run the named commands successfully so far
 /// (from INFO commandstats; failed calls are not counted). Lets a test wait
 /// for work the service does on its own, such as a sweep or a trim.
