@@ -22,7 +22,7 @@ use super::{
     Config, KeyPolicy, Limits, MAX_ID_BYTES_LIMIT, MAX_PAYLOAD_BYTES_LIMIT, MAX_SHARDS,
     MAX_WAIT_LIMIT, PolicyDefaults, RedisConfig,
 };
-use crate::policy::measure_name_ok;
+use crate::policy::{MAX_MEASURE, measure_name_ok};
 
 /// The URL schemes the redis crate connects with.
 const REDIS_SCHEMES: [&str; 4] = ["redis://", "rediss://", "redis+unix://", "unix://"];
@@ -295,10 +295,6 @@ fn policies(c: &Config) -> Result<(), Violation> {
     }
     Ok(())
 }
-
-/// The largest measure value and capacity: 2^53 - 1, the largest integer
-/// the scripts' Lua numbers hold exactly.
-pub const MAX_MEASURE: u64 = (1 << 53) - 1;
 
 /// The fields of one policy table that are set.
 struct PolicyFields<'a> {

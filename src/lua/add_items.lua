@@ -278,8 +278,10 @@ local function flush_open(g, reason, batches)
       if deadline and rules[g] and (rules[g][6] == 0 or deadline < rules[g][6]) then rules[g][6] = deadline end
     end
   end
+  -- A plain group keeps its due time; one with rules gets it from them.
+  local due = due_at[g]
   due_at[g] = 0
-  if rules[g] then rearm(g) else set_due(g, tonumber(opened[g]) + max_wait[g], REASON.TIMEOUT) end
+  if rules[g] then rearm(g) else set_due(g, due, REASON.TIMEOUT) end
   return batches
 end
 

@@ -65,6 +65,10 @@ impl Policy {
     }
 }
 
+/// The largest measure or capacity value: the scripts keep numbers as
+/// doubles, and sums up to this stay exact.
+pub const MAX_MEASURE: u64 = (1 << 53) - 1;
+
 /// Whether `name` may name a measure: 1 to 64 of A-Z a-z 0-9 _ - . (the
 /// scripts separate measures with other characters).
 pub fn measure_name_ok(name: &str) -> bool {

@@ -8,7 +8,7 @@ use bytesize::ByteSize;
 use super::errors::{Error, invalid};
 use super::{BatcherService, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, MAX_NAME_BYTES};
 use crate::batch;
-use crate::policy::Policy;
+use crate::policy::{MAX_MEASURE, Policy};
 
 impl BatcherService {
     pub(super) fn check_name(&self, field: &str, name: &str) -> Result<(), Error> {
@@ -77,9 +77,6 @@ pub(super) fn check_required_size(field: &str, len: usize, limit: ByteSize) -> R
     }
     check_size(field, len, limit)
 }
-
-/// The largest measure value: sums stay exact in the scripts' numbers.
-pub(super) const MAX_MEASURE: u64 = (1 << 53) - 1;
 
 /// Checks an item's measures (`field` is `...item.measures`): names as
 /// config names them, values that the scripts sum exactly, and none that
