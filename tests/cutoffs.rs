@@ -45,12 +45,12 @@ fn assert_next_wave(open: &pb::Group, at: i64) {
     assert!((11 * HOUR..=13 * HOUR).contains(&ahead), "{ahead} ms");
 }
 
-/// A cutoff 3-4 s ahead, given as HH:MM:SS in Asia/Kolkata, makes the group
+/// A cutoff 8-9 s ahead, given as HH:MM:SS in Asia/Kolkata, makes the group
 /// due then (GetGroup: CUTOFF), and it flushes with CUTOFF at the cutoff,
 /// not before; an item added after it opens the next wave's group.
 #[tokio::test]
 async fn a_cutoff_in_a_non_utc_zone_flushes_the_group_at_the_cutoff() {
-    let (cut, at) = cutoff_ahead("Asia/Kolkata", 3);
+    let (cut, at) = cutoff_ahead("Asia/Kolkata", 8);
     let (_redis, service, mut client) = start(&waves(&cut, "Asia/Kolkata")).await;
     let mut stream = subscribe_all(&mut client).await;
     added(&mut client, "wave-1", "a").await;
@@ -81,7 +81,7 @@ async fn a_cutoff_in_a_non_utc_zone_flushes_the_group_at_the_cutoff() {
 #[tokio::test]
 async fn an_add_after_the_cutoff_flushes_the_unswept_group_first() {
     let zone = "America/New_York";
-    let (cut, at) = cutoff_ahead(zone, 4);
+    let (cut, at) = cutoff_ahead(zone, 9);
     let redis = RedisServer::start();
     let extra = format!("{}\n[sweeper]\nmax_sleep = \"60s\"\n", waves(&cut, zone));
     let cfg = config(&redis.url(), &extra);
@@ -150,7 +150,7 @@ async fn min_items_holds_a_small_group_until_max_age() {
 #[tokio::test]
 async fn min_items_with_a_cutoff_holds_until_the_cutoff() {
     let zone = "America/New_York";
-    let (cut, at) = cutoff_ahead(zone, 4);
+    let (cut, at) = cutoff_ahead(zone, 9);
     let extra = format!(
         "[defaults]\nmax_items = 100\nmax_wait = \"1s\"\nmin_items = 3\nmax_age = \"1h\"\n\
          cutoffs = [\"{cut}\"]\ntimezone = \"{zone}\"\n"
