@@ -7,7 +7,7 @@ use redis::Script;
 
 use crate::batch::FlushReason;
 
-/// Functions shared by the scripts that write batches.
+/// Functions shared by the scripts that read or write groups and batches.
 const BATCH_LIB: &str = include_str!("lua/batch_lib.lua");
 
 /// A script that writes or reads batches: the `REASON` table made from the
@@ -17,11 +17,13 @@ fn with_batch_lib(script: &str) -> Script {
     Script::new(&[&FlushReason::lua_table(), BATCH_LIB, script].concat())
 }
 
-/// Adds items to the open groups of one shard; flushes groups that fill up.
+/// Adds items to the open groups of one shard; flushes groups that fill up,
+/// that an item does not fit, or whose cutoff has passed.
 pub static ADD_ITEMS: LazyLock<Script> =
     LazyLock::new(|| with_batch_lib(include_str!("lua/add_items.lua")));
 
-/// Flushes one group, by timeout (only if due) or by request.
+/// Flushes one group, by due time (only if due, and holding a group below
+/// `min_items`) or by request.
 pub static FLUSH_GROUP: LazyLock<Script> =
     LazyLock::new(|| with_batch_lib(include_str!("lua/flush_group.lua")));
 

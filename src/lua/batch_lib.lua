@@ -1,7 +1,7 @@
--- Shared by the scripts that write batches (add_items, flush_group). It is
--- prepended to each of them, after the REASON table that `scripts.rs` makes
--- from the Rust table of flush reasons; it defines functions only and touches
--- no key.
+-- Shared by the scripts that read or write groups and batches (add_items,
+-- flush_group, remove_item). It is prepended to each of them, after the
+-- REASON table that `scripts.rs` makes from the Rust table of flush reasons;
+-- it defines functions only and touches no key.
 --
 -- Group hash layout (one hash per open group):
 --   o = opened-at (ms, Redis clock)   n = item count
