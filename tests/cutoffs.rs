@@ -37,12 +37,24 @@ async fn added(client: &mut Client, key: &str, id: &str) -> pb::AddResponse {
     resp
 }
 
-/// Checks that `open` is the next wave's group: due at the departure 12
-/// hours (give or take a DST hour) after the cutoff at `at`.
-fn assert_next_wave(open: &pb::Group, at: i64) {
-    assert_eq!(due_reason(open), FlushReason::Cutoff, "{open:?}");
-    let ahead = ms(&open.due_at) - at;
+/// Checks that `wave-1`'s open group is the next wave's, holding `b`: due
+/// at the departure 12 hours (give or take a DST hour) after the cutoff `at`.
+async fn assert_next_wave(client: &mut Client, at: i64) {
+    let next = group(client, "wave-1").await.expect("the next wave");
+    assert_eq!(ids(&next.items), ["b"]);
+    assert_eq!(due_reason(&next), FlushReason::Cutoff, "{next:?}");
+    let ahead = ms(&next.due_at) - at;
     assert!((11 * HOUR..=13 * HOUR).contains(&ahead), "{ahead} ms");
+}
+
+/// Asserts that `batch` was flushed at the cutoff `at`, not before and not
+/// more than LATE_MS after.
+fn assert_flushed_at_cutoff(batch: &pb::Batch, at: i64) {
+    let late = ms(&batch.flushed_at) - at;
+    assert!(
+        (0..LATE_MS).contains(&late),
+        "flushed {late} ms after the cutoff"
+    );
 }
 
 /// A cutoff 8-9 s ahead, given as HH:MM:SS in Asia/Kolkata, makes the group
@@ -62,16 +74,10 @@ async fn a_cutoff_in_a_non_utc_zone_flushes_the_group_at_the_cutoff() {
     let batch = next_batch(&mut stream).await;
     assert_eq!(reason(&batch), FlushReason::Cutoff);
     assert_eq!(ids(&batch.items), ["a"]);
-    let late = ms(&batch.flushed_at) - at;
-    assert!(
-        (0..LATE_MS).contains(&late),
-        "flushed {late} ms after the cutoff"
-    );
+    assert_flushed_at_cutoff(&batch, at);
 
     added(&mut client, "wave-1", "b").await;
-    let next = group(&mut client, "wave-1").await.expect("the next wave");
-    assert_eq!(ids(&next.items), ["b"]);
-    assert_next_wave(&next, at);
+    assert_next_wave(&mut client, at).await;
     service.stop().await;
 }
 
@@ -108,9 +114,7 @@ async fn an_add_after_the_cutoff_flushes_the_unswept_group_first() {
     assert_eq!(reasons, [FlushReason::Cutoff], "{resp:?}");
     assert_eq!(ids(&resp.batches[0].items), ["a"]);
     assert_eq!(resp.group_size, 1);
-    let next = group(&mut client, "wave-1").await.expect("the next wave");
-    assert_eq!(ids(&next.items), ["b"]);
-    assert_next_wave(&next, at);
+    assert_next_wave(&mut client, at).await;
     later.stop().await;
 }
 
@@ -168,11 +172,7 @@ async fn min_items_with_a_cutoff_holds_until_the_cutoff() {
     let batch = next_batch(&mut stream).await;
     assert_eq!(reason(&batch), FlushReason::Cutoff);
     assert_eq!(ids(&batch.items), ["a"]);
-    let late = ms(&batch.flushed_at) - at;
-    assert!(
-        (0..LATE_MS).contains(&late),
-        "flushed {late} ms after the cutoff"
-    );
+    assert_flushed_at_cutoff(&batch, at);
     service.stop().await;
 }
 
