@@ -403,8 +403,9 @@ fn size_strings_parse() {
 
 /// Asserts that each text is rejected with a one-line message that holds
 /// its `want` and a line number.
-fn assert_rejected(cases: &[(&str, &str)]) {
-    for &(text, want) in cases {
+fn assert_rejected(cases: &[(impl AsRef<str>, impl AsRef<str>)]) {
+    for (text, want) in cases {
+        let (text, want) = (text.as_ref(), want.as_ref());
         let msg = err(text);
         assert!(msg.contains(want), "{text:?}: got {msg:?}, want {want:?}");
         assert!(msg.contains("(line "), "{text:?}: no line in {msg:?}");

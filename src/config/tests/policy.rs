@@ -186,10 +186,6 @@ fn capacity_rules() {
                 .to_owned(),
         ),
     ];
-    let cases: Vec<(&str, &str)> = cases
-        .iter()
-        .map(|(t, w)| (t.as_str(), w.as_str()))
-        .collect();
     assert_rejected(&cases);
 }
 
@@ -259,10 +255,6 @@ fn duration_rules() {
             ));
         }
     }
-    let cases: Vec<(&str, &str)> = cases
-        .iter()
-        .map(|(t, w)| (t.as_str(), w.as_str()))
-        .collect();
     assert_rejected(&cases);
 }
 
