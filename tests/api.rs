@@ -60,7 +60,7 @@ async fn size_threshold_flushes_in_the_completing_add() {
     assert_eq!(batch.reason, pb::FlushReason::Size as i32);
     assert_eq!(batch.key, "k");
     let ids: Vec<_> = batch.items.iter().map(|i| i.id.clone()).collect();
-    assert_eq!(ids, vec![b"i1".to_vec(), b"i2".to_vec(), b"i3".to_vec()]);
+    assert_eq!(ids, ["i1", "i2", "i3"]);
     assert_eq!(batch.items[2].payload, b"p3");
     assert!(batch.opened_at.unwrap().seconds <= batch.flushed_at.unwrap().seconds);
     // The group is gone and the next add opens a new one.
@@ -235,10 +235,7 @@ async fn add_many_results_in_request_order() {
         .results;
     assert_eq!(results.len(), items.len());
     for (req, resp) in items.iter().zip(&results) {
-        let i: u32 = String::from_utf8(req.item.as_ref().unwrap().id.clone())
-            .unwrap()
-            .parse()
-            .unwrap();
+        let i: u32 = req.item.as_ref().unwrap().id.parse().unwrap();
         // max_items is 3: ids 2 and 5 complete a batch.
         let expected_size = (i + 1) % 3;
         assert_eq!(resp.group_size, expected_size, "key {} id {i}", req.key);
@@ -261,7 +258,7 @@ async fn remove_takes_items_out() {
     let removed = client
         .remove(pb::RemoveRequest {
             key: "north".into(),
-            item_id: b"empty".to_vec(),
+            item_id: "empty".into(),
         })
         .await
         .unwrap()
@@ -273,7 +270,7 @@ async fn remove_takes_items_out() {
     let removed = client
         .remove(pb::RemoveRequest {
             key: "north".into(),
-            item_id: b"a".to_vec(),
+            item_id: "a".into(),
         })
         .await
         .unwrap()
@@ -295,7 +292,7 @@ async fn remove_takes_items_out() {
     let again = client
         .remove(pb::RemoveRequest {
             key: "north".into(),
-            item_id: b"a".to_vec(),
+            item_id: "a".into(),
         })
         .await
         .unwrap()
@@ -304,7 +301,7 @@ async fn remove_takes_items_out() {
     let last = client
         .remove(pb::RemoveRequest {
             key: "north".into(),
-            item_id: b"b".to_vec(),
+            item_id: "b".into(),
         })
         .await
         .unwrap()
@@ -375,8 +372,8 @@ async fn get_group_reports_the_open_group() {
         .into_inner()
         .group
         .unwrap();
-    let ids: Vec<&[u8]> = group.items.iter().map(|i| i.id.as_slice()).collect();
-    assert_eq!(ids, vec![b"z" as &[u8], b"a", b"m", b"b"]);
+    let ids: Vec<&str> = group.items.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, ["z", "a", "m", "b"]);
     assert_eq!(group.size, 4);
     assert_eq!(group.bytes, 4);
     assert_eq!(group.max_items, 5);
@@ -415,7 +412,7 @@ max_wait = "20m"
     loop {
         let page = client
             .list_groups(pb::ListGroupsRequest {
-                limit: 4,
+                page_size: 4,
                 page_token: token.clone(),
                 key_prefix: String::new(),
             })
@@ -450,7 +447,7 @@ max_wait = "20m"
     );
     let late = client
         .list_groups(pb::ListGroupsRequest {
-            limit: 100,
+            page_size: 100,
             page_token: String::new(),
             key_prefix: "late-".into(),
         })
@@ -504,17 +501,31 @@ async fn bad_arguments_name_the_field() {
     let (redis, service, mut client) = setup().await;
     let remove = pb::RemoveRequest {
         key: "k".into(),
-        item_id: vec![],
+        item_id: String::new(),
     };
     assert_invalid(&client.remove(remove).await.unwrap_err(), "item_id");
     let flush = pb::FlushRequest { key: String::new() };
     assert_invalid(&client.flush(flush).await.unwrap_err(), "key");
     let list = pb::ListGroupsRequest {
-        limit: 0,
+        page_size: 0,
         page_token: "nonsense".into(),
         key_prefix: String::new(),
     };
     assert_invalid(&client.list_groups(list).await.unwrap_err(), "page_token");
+    let list = pb::ListGroupsRequest {
+        page_size: -1,
+        ..Default::default()
+    };
+    assert_invalid(&client.list_groups(list).await.unwrap_err(), "page_size");
+    let dead = pb::ListDeadLettersRequest {
+        consumer_group: "g".into(),
+        page_token: "nonsense".into(),
+        ..Default::default()
+    };
+    assert_invalid(
+        &client.list_dead_letters(dead).await.unwrap_err(),
+        "page_token",
+    );
     // A well-formed cursor that points past the streams is unknown too.
     let future = format!("c1{}", ".99999999999999-0".repeat(4));
     for after in ["bogus".to_string(), future] {

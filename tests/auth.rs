@@ -117,7 +117,7 @@ async fn call(client: &mut Client, method: &str, key: &str) -> Result<(), Status
                 .map(drop)
         }
         "Remove" => {
-            let (key, item_id) = (key.into(), b"1".to_vec());
+            let (key, item_id) = (key.into(), "1".into());
             client
                 .remove(pb::RemoveRequest { key, item_id })
                 .await
@@ -149,7 +149,8 @@ async fn call(client: &mut Client, method: &str, key: &str) -> Result<(), Status
         "ListDeadLetters" => {
             let request = pb::ListDeadLettersRequest {
                 consumer_group: group(),
-                limit: 0,
+                page_size: 0,
+                ..Default::default()
             };
             client.list_dead_letters(request).await.map(drop)
         }
@@ -336,9 +337,9 @@ async fn key_scopes_limit_writes_and_listings() {
     berlin.add(add("berlin-2", "b", b"")).await.unwrap();
     let items = vec![add("berlin-3", "c", b""), add("potsdam-3", "c", b"")];
     berlin.add_many(pb::AddManyRequest { items }).await.unwrap();
-    let listed = |prefix: &str, limit| pb::ListGroupsRequest {
+    let listed = |prefix: &str, page_size| pb::ListGroupsRequest {
         key_prefix: prefix.into(),
-        limit,
+        page_size,
         page_token: String::new(),
     };
     let mut seen = BTreeSet::new();

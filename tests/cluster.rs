@@ -36,7 +36,7 @@ async fn live(client: &mut BatcherClient<Channel>) -> tonic::Streaming<pb::Batch
 
 /// The ids of a batch's items, as strings.
 fn ids(batch: &pb::Batch) -> Vec<String> {
-    let id = |i: &pb::Item| String::from_utf8(i.id.clone()).unwrap();
+    let id = |i: &pb::Item| i.id.clone();
     batch.items.iter().map(id).collect()
 }
 
@@ -60,7 +60,7 @@ async fn flushes_remove_and_get_group_on_a_cluster() {
     client.add(add("manual", "y", b"")).await.unwrap();
     let remove = pb::RemoveRequest {
         key: "manual".into(),
-        item_id: b"y".to_vec(),
+        item_id: "y".into(),
     };
     let removed = client.remove(remove).await.unwrap().into_inner();
     assert!(removed.removed && removed.group_size == 1, "{removed:?}");
@@ -115,7 +115,7 @@ async fn add_many_and_list_groups_span_every_shard() {
     let mut token = String::new();
     loop {
         let request = pb::ListGroupsRequest {
-            limit: 7,
+            page_size: 7,
             page_token: token,
             key_prefix: String::new(),
         };
@@ -200,9 +200,9 @@ async fn durable_subscription_acks_and_redelivers_on_a_cluster() {
 #[derive(Default)]
 struct Answers {
     /// How often each (key, id) was answered ADDED.
-    accepted: HashMap<(String, Vec<u8>), usize>,
+    accepted: HashMap<(String, String), usize>,
     /// Items whose add once failed UNAVAILABLE: Redis may have applied it.
-    unanswered: HashSet<(String, Vec<u8>)>,
+    unanswered: HashSet<(String, String)>,
 }
 
 /// One caller: 100 adds of ids from a pool that other callers add too (as
@@ -212,7 +212,7 @@ async fn caller(mut client: BatcherClient<Channel>, task: u64, answers: Arc<Mute
     for _ in 0..100 {
         let key = format!("area-{}", rng.random_range(0..12));
         let id = format!("parcel-{}", rng.random_range(0..400));
-        let item = (key.clone(), id.clone().into_bytes());
+        let item = (key.clone(), id.clone());
         let resp = loop {
             match client.add(add(&key, &id, b"x")).await {
                 Ok(resp) => break resp.into_inner(),

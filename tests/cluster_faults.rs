@@ -253,7 +253,7 @@ static LIVE_ITEMS: AtomicUsize = AtomicUsize::new(0);
 
 /// Receives a live subscription to every key until the service stops, and
 /// counts how often each (key, item id) arrived.
-async fn receive(mut client: BatcherClient<Channel>) -> HashMap<(String, Vec<u8>), usize> {
+async fn receive(mut client: BatcherClient<Channel>) -> HashMap<(String, String), usize> {
     let request = pb::SubscribeRequest::default();
     let mut stream = client.subscribe(request).await.unwrap().into_inner();
     let mut seen = HashMap::new();

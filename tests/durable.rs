@@ -290,7 +290,8 @@ async fn dead_letters_and_redrive() {
         async move {
             let request = pb::ListDeadLettersRequest {
                 consumer_group: "g".into(),
-                limit: 0,
+                page_size: 0,
+                ..Default::default()
             };
             let dead = client.list_dead_letters(request).await.unwrap();
             let ids: Vec<String> = dead

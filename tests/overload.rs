@@ -39,10 +39,7 @@ async fn group_ids(client: &mut BatcherClient<Channel>, key: &str) -> Vec<String
     let reply = client.get_group(pb::GetGroupRequest { key: key.into() });
     let group = reply.await.expect("get_group").into_inner().group;
     let items = group.map(|g| g.items).unwrap_or_default();
-    items
-        .iter()
-        .map(|item| String::from_utf8_lossy(&item.id).into_owned())
-        .collect()
+    items.iter().map(|item| item.id.clone()).collect()
 }
 
 /// With its shard's queue full (Redis hung), an add fails at once with

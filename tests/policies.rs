@@ -361,7 +361,7 @@ max_sleep = "50ms"
 /// One caller of the two-instance test: 60 adds of distinct ids over 4
 /// keys, weighing 1 to 400 g, retrying an UNAVAILABLE add until answered.
 /// Returns the (key, id) pairs it added; checks every batch it is handed.
-async fn weighed_caller(mut client: Client, task: u64) -> Vec<(String, Vec<u8>)> {
+async fn weighed_caller(mut client: Client, task: u64) -> Vec<(String, String)> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(task);
     let mut accepted = Vec::new();
     for i in 0..60 {
@@ -377,7 +377,7 @@ async fn weighed_caller(mut client: Client, task: u64) -> Vec<(String, Vec<u8>)>
         for batch in &resp.batches {
             assert!(weight(&batch.items) <= 1000, "{batch:?}");
         }
-        accepted.push((key, id.into_bytes()));
+        accepted.push((key, id));
     }
     accepted
 }

@@ -23,7 +23,7 @@ async fn requeue(
 ) -> Result<pb::RequeueResponse, tonic::Status> {
     let req = pb::RequeueRequest {
         batch_id: batch_id.into(),
-        item_ids: item_ids.iter().map(|id| id.as_bytes().to_vec()).collect(),
+        item_ids: item_ids.iter().map(|id| id.to_string()).collect(),
     };
     client.requeue(req).await.map(tonic::Response::into_inner)
 }
@@ -171,7 +171,7 @@ async fn delayed_queue_delivers_at_the_deadline_and_never_once_removed() {
     // Order 1002 is paid: its cancellation is removed.
     let paid = pb::RemoveRequest {
         key: "unpaid:1002".into(),
-        item_id: b"cancel".to_vec(),
+        item_id: "cancel".into(),
     };
     let resp = client.remove(paid).await.unwrap().into_inner();
     assert!(resp.removed && resp.group_size == 0, "{resp:?}");

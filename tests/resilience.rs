@@ -20,12 +20,12 @@ use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 /// A (key, item id) pair.
-type ItemRef = (String, Vec<u8>);
+type ItemRef = (String, String);
 
 async fn open_groups(client: &mut BatcherClient<Channel>) -> usize {
     client
         .list_groups(pb::ListGroupsRequest {
-            limit: 1000,
+            page_size: 1000,
             ..Default::default()
         })
         .await
@@ -143,7 +143,7 @@ async fn shared_id_caller(
                 Err(status) => {
                     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
                     let mut answers = answers.lock().unwrap();
-                    let refs = ids.iter().map(|id| (key.clone(), id.clone().into_bytes()));
+                    let refs = ids.iter().map(|id| (key.clone(), id.clone()));
                     answers.unanswered.extend(refs);
                 }
             }
@@ -151,10 +151,7 @@ async fn shared_id_caller(
         for (resp, id) in results.into_iter().zip(ids) {
             if resp.outcome == pb::AddOutcome::Added as i32 {
                 let mut answers = answers.lock().unwrap();
-                *answers
-                    .accepted
-                    .entry((key.clone(), id.into_bytes()))
-                    .or_insert(0) += 1;
+                *answers.accepted.entry((key.clone(), id)).or_insert(0) += 1;
             }
             if let Some(batch) = resp.flushed {
                 assert!(batch.items.len() <= 7);
@@ -311,7 +308,7 @@ fn assert_exactly_once(batches: &[batcher::batch::Batch], items: &[(String, Stri
     let placed = placements(batches);
     for (key, id) in items {
         assert_eq!(
-            placed.get(&(key.clone(), id.clone().into_bytes())),
+            placed.get(&(key.clone(), id.clone())),
             Some(&1),
             "{key}/{id}"
         );

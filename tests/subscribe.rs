@@ -27,10 +27,7 @@ async fn flush_n(
 }
 
 fn id_of(batch: &pb::Batch) -> usize {
-    String::from_utf8(batch.items[0].id.clone())
-        .unwrap()
-        .parse()
-        .unwrap()
+    batch.items[0].id.clone().parse().unwrap()
 }
 
 /// after="" gets only batches flushed from now on; after="0" replays every retained batch first.

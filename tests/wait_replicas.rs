@@ -59,7 +59,7 @@ async fn writes_wait_for_a_replica() {
     assert_eq!(retry.into_inner().outcome, pb::AddOutcome::Duplicate as i32);
     let request = pb::GetGroupRequest { key: "area".into() };
     let group = client.get_group(request).await.unwrap().into_inner().group;
-    let ids: Vec<Vec<u8>> = group.unwrap().items.into_iter().map(|i| i.id).collect();
-    assert_eq!(ids, [b"p1".to_vec(), b"p2".to_vec()]);
+    let ids: Vec<String> = group.unwrap().items.into_iter().map(|i| i.id).collect();
+    assert_eq!(ids, ["p1", "p2"]);
     service.stop().await;
 }

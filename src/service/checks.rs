@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use bytesize::ByteSize;
 
 use super::errors::{Error, invalid};
-use super::{BatcherService, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, MAX_NAME_BYTES};
+use super::{BatcherService, DEFAULT_PAGE_SIZE, MAX_NAME_BYTES, MAX_PAGE_SIZE};
 use crate::batch;
 use crate::policy::{MAX_MEASURE, Policy};
+use crate::store::DeadLetterPosition;
 
 impl BatcherService {
     pub(super) fn check_name(&self, field: &str, name: &str) -> Result<(), Error> {
@@ -44,7 +45,7 @@ impl BatcherService {
         check_required_size(field, key.len(), self.limits.max_key_bytes)
     }
 
-    pub(super) fn check_id(&self, field: &str, id: &[u8]) -> Result<(), Error> {
+    pub(super) fn check_id(&self, field: &str, id: &str) -> Result<(), Error> {
         check_required_size(field, id.len(), self.limits.max_item_id_bytes)
     }
 
@@ -123,15 +124,13 @@ pub(super) fn timestamp_ms(field: &str, at: prost_types::Timestamp) -> Result<u6
     Ok(at.seconds as u64 * 1000 + at.nanos as u64 / 1_000_000)
 }
 
-/// A listing's page size: 0 means the default; more than the maximum is refused.
-pub(super) fn page_limit(limit: u32) -> Result<usize, Error> {
-    match limit {
-        0 => Ok(DEFAULT_LIST_LIMIT as usize),
-        n if n > MAX_LIST_LIMIT => Err(invalid(
-            "limit",
-            format!("must be at most {MAX_LIST_LIMIT}"),
-        )),
-        n => Ok(n as usize),
+/// A listing's `page_size` (AIP-158): 0 means the default, more than the
+/// maximum means the maximum, and a negative size is refused.
+pub(super) fn page_size(size: i32) -> Result<usize, Error> {
+    match size {
+        0 => Ok(DEFAULT_PAGE_SIZE as usize),
+        n if n < 0 => Err(invalid("page_size", "must not be negative")),
+        n => Ok(n.min(MAX_PAGE_SIZE) as usize),
     }
 }
 
@@ -143,4 +142,14 @@ pub(super) fn page_token(due: u64, key: &str) -> String {
 pub(super) fn parse_page_token(token: &str) -> Option<(u64, String)> {
     let (due, key) = token.split_once(':')?;
     Some((due.parse().ok()?, key.to_owned()))
+}
+
+/// Encodes a ListDeadLetters position as a page token: `<shard>/<entry id>`.
+pub(super) fn dead_letter_token((shard, id): DeadLetterPosition) -> String {
+    format!("{shard}/{id}")
+}
+
+pub(super) fn parse_dead_letter_token(token: &str) -> Option<DeadLetterPosition> {
+    let (shard, id) = token.split_once('/')?;
+    Some((shard.parse().ok()?, id.parse().ok()?))
 }

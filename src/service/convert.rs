@@ -57,7 +57,8 @@ pub fn reason_to_pb(reason: FlushReason) -> pb::FlushReason {
 /// An item for the wire.
 pub fn item_to_pb(item: batch::Item) -> pb::Item {
     pb::Item {
-        id: item.id,
+        id: String::from_utf8(item.id)
+            .unwrap_or_else(|bytes| String::from_utf8_lossy(bytes.as_bytes()).into_owned()),
         payload: item.payload,
         measures: item.measures.into_iter().collect(),
         deadline: item.deadline_ms.map(timestamp),

@@ -20,7 +20,9 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
-use self::checks::{check_size, page_limit, page_token, parse_page_token};
+use self::checks::{
+    check_size, dead_letter_token, page_size, page_token, parse_dead_letter_token, parse_page_token,
+};
 pub use self::convert::batch_to_pb;
 use self::convert::{add_response, group_to_pb};
 pub use self::deadline::Deadlines;
@@ -35,10 +37,11 @@ use crate::store::{Deadline, NewItem, Store, StoreError};
 use crate::subscribers::{Cursor, Delivery, Durable, Filter, Hub};
 use crate::sweeper::SweeperHandle;
 
-/// Largest ListGroups page.
-pub const MAX_LIST_LIMIT: u32 = 1000;
-/// ListGroups page size when the request leaves it 0.
-pub const DEFAULT_LIST_LIMIT: u32 = 100;
+/// Largest page of ListGroups and ListDeadLetters; a larger `page_size` is
+/// read as this.
+pub const MAX_PAGE_SIZE: i32 = 1000;
+/// Page size of ListGroups and ListDeadLetters when the request leaves it 0.
+pub const DEFAULT_PAGE_SIZE: i32 = 100;
 
 /// The `batcher.v1.Batcher` service.
 #[derive(Clone)]
@@ -153,7 +156,7 @@ impl BatcherService {
         Ok(NewItem {
             key: req.key,
             item: batch::Item {
-                id: item.id,
+                id: item.id.into_bytes(),
                 payload: item.payload,
                 measures,
                 deadline_ms,
@@ -258,7 +261,7 @@ impl pb::batcher_server::Batcher for BatcherService {
     ) -> Result<Response<pb::RemoveResponse>, Status> {
         let req = self.keyed(request, |r| &r.key)?;
         self.check_id("item_id", &req.item_id)?;
-        let (removed, group_size) = self.store.remove(&req.key, &req.item_id).await?;
+        let (removed, group_size) = self.store.remove(&req.key, req.item_id.as_bytes()).await?;
         Ok(Response::new(pb::RemoveResponse {
             removed,
             group_size,
@@ -300,7 +303,7 @@ impl pb::batcher_server::Batcher for BatcherService {
     ) -> Result<Response<pb::ListGroupsResponse>, Status> {
         let caller = Caller::of(&request);
         let req = request.into_inner();
-        let limit = page_limit(req.limit)?;
+        let limit = page_size(req.page_size)?;
         let after = if req.page_token.is_empty() {
             None
         } else {
@@ -407,13 +410,25 @@ impl pb::batcher_server::Batcher for BatcherService {
         let req = request.into_inner();
         self.check_name("consumer_group", &req.consumer_group)?;
         caller.check_group(&self.store, &req.consumer_group).await?;
-        let limit = page_limit(req.limit)?;
-        let batches = self.store.dead_letters(&req.consumer_group, limit).await?;
+        let limit = page_size(req.page_size)?;
+        let after = if req.page_token.is_empty() {
+            None
+        } else {
+            Some(
+                parse_dead_letter_token(&req.page_token)
+                    .ok_or_else(|| invalid("page_token", "is not a token from ListDeadLetters"))?,
+            )
+        };
+        let (batches, next) = self
+            .store
+            .dead_letters(&req.consumer_group, limit, after)
+            .await?;
         Ok(Response::new(pb::ListDeadLettersResponse {
             batches: batches
                 .iter()
                 .map(|b| batch_to_pb(b, String::new(), self.subscriptions.max_deliveries.get()))
                 .collect(),
+            next_page_token: next.map(dead_letter_token).unwrap_or_default(),
         }))
     }
 

@@ -60,14 +60,14 @@ impl BatcherService {
         if let Some(i) = req
             .item_ids
             .iter()
-            .position(|id| !held.contains(id.as_slice()))
+            .position(|id| !held.contains(id.as_bytes()))
         {
             return Err(invalid(
                 format!("item_ids[{i}]"),
                 format!("is not an item of batch {}", req.batch_id),
             ));
         }
-        let wanted: BTreeSet<&[u8]> = req.item_ids.iter().map(Vec::as_slice).collect();
+        let wanted: BTreeSet<&[u8]> = req.item_ids.iter().map(|id| id.as_bytes()).collect();
         let policy = self.policies.current().resolve(&batch.key);
         let mut items = Vec::with_capacity(wanted.len());
         for mut item in batch.items {
@@ -84,7 +84,7 @@ impl BatcherService {
                         "item_ids[{}]",
                         req.item_ids
                             .iter()
-                            .position(|id| *id == item.id)
+                            .position(|id| id.as_bytes() == item.id)
                             .unwrap_or(0)
                     ),
                     format!(

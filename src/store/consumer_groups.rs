@@ -176,35 +176,90 @@ impl Store {
         Ok(try_join_all(calls).await?.into_iter().sum())
     }
 
-    /// A group's dead letters, oldest first, at most `limit`.
-    pub async fn dead_letters(&self, group: &str, limit: usize) -> Result<Vec<Batch>> {
-        let mut conn = self.conn.clone();
-        let mut all = Vec::new();
+    /// A page of a group's dead letters, oldest first: at most `limit`,
+    /// after the position `after` (a shard and its stream entry id), with the
+    /// position to continue from when more follow. A dead letter whose batch
+    /// retention has trimmed is left out.
+    pub async fn dead_letters(
+        &self,
+        group: &str,
+        limit: usize,
+        after: Option<DeadLetterPosition>,
+    ) -> Result<(Vec<Batch>, Option<DeadLetterPosition>)> {
+        let mut candidates = Vec::new();
         for shard in 0..self.keys.shards() {
+            let ids = self.dead_ids_after(shard, group, limit + 1, after).await?;
+            candidates.extend(ids.into_iter().map(|id| (id, shard)));
+        }
+        candidates.sort();
+        let next = (candidates.len() > limit).then(|| {
+            let (id, shard) = candidates[limit - 1];
+            (shard, id)
+        });
+        candidates.truncate(limit);
+        let reads = candidates.iter().map(|&(id, shard)| {
+            let mut conn = self.conn.clone();
+            let stream = self.keys.shard(shard).stream;
+            let id = id.to_string();
+            async move {
+                let reply = conn.xrange(&stream, &id, &id).await?;
+                batches_from_entries(shard, reply.ids).map_err(super::StoreError::from)
+            }
+        });
+        let batches = try_join_all(reads).await?.into_iter().flatten().collect();
+        Ok((batches, next))
+    }
+
+    /// Up to `want` of a shard's dead-lettered entry ids that sort after
+    /// `after`, oldest first. The set is scored by each entry's milliseconds,
+    /// so the read starts at the position's millisecond and skips what is
+    /// not after it.
+    async fn dead_ids_after(
+        &self,
+        shard: u16,
+        group: &str,
+        want: usize,
+        after: Option<DeadLetterPosition>,
+    ) -> Result<Vec<StreamId>> {
+        let mut conn = self.conn.clone();
+        let key = self.keys.dead_letters(shard, group);
+        let from = after.map_or(0, |(_, id)| id.ms);
+        let chunk = want.max(64);
+        let mut out = Vec::new();
+        let mut offset = 0;
+        loop {
             let ids: Vec<String> = redis::cmd("ZRANGE")
-                .arg(self.keys.dead_letters(shard, group))
-                .arg(0)
-                .arg(limit as i64 - 1)
+                .arg(&key)
+                .arg(from)
+                .arg("+inf")
+                .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(chunk)
                 .query_async(&mut conn)
                 .await?;
-            if ids.is_empty() {
-                continue;
+            let read = ids.len();
+            for id in ids {
+                let id: StreamId = id
+                    .parse()
+                    .map_err(|_| DecodeError(format!("dead letter {id:?} is not an entry id")))?;
+                if after.is_none_or(|position| (id, shard) > (position.1, position.0)) {
+                    out.push(id);
+                }
             }
-            let stream = self.keys.shard(shard).stream;
-            let reads = ids.iter().map(|id| {
-                let mut conn = self.conn.clone();
-                let stream = &stream;
-                async move { conn.xrange(stream, id, id).await }
-            });
-            for reply in try_join_all(reads).await? {
-                all.extend(batches_from_entries(shard, reply.ids)?);
+            if read < chunk || out.len() >= want {
+                out.sort();
+                out.truncate(want);
+                return Ok(out);
             }
+            offset += chunk;
         }
-        all.sort_by_key(|b| (b.flushed_at_ms, b.shard, b.stream_id));
-        all.truncate(limit);
-        Ok(all)
     }
 }
+
+/// A place in the listing of a group's dead letters: a shard and a stream
+/// entry id. Pages run in (entry id, shard) order.
+pub type DeadLetterPosition = (u16, StreamId);
 
 /// The arguments of the ack and re-drive scripts: the group, then the entry ids.
 fn group_and_ids(group: &str, ids: &[StreamId]) -> Vec<Vec<u8>> {

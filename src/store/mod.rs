@@ -45,6 +45,7 @@ use crate::policy::PolicyHandle;
 pub use add::{AddOutcome, AddReport, AddResult, Deadline, NewItem};
 pub use add_args::AddArgs;
 pub use conn::{Conn, Endpoint, Password, RedisTarget, Timeouts, WaitReplicas};
+pub use consumer_groups::DeadLetterPosition;
 pub use groups::{DueScan, GroupPos};
 pub use stats::ConsumerGroupStats;
 

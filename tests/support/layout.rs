@@ -228,7 +228,7 @@ async fn exercise_groups(client: &mut BatcherClient<Channel>) {
     client.add(add("manual", "y", b"")).await.unwrap();
     let remove = pb::RemoveRequest {
         key: "manual".into(),
-        item_id: b"y".to_vec(),
+        item_id: "y".into(),
     };
     client.remove(remove).await.unwrap();
     let get = pb::GetGroupRequest {
@@ -269,7 +269,8 @@ async fn exercise_durable(client: &mut BatcherClient<Channel>) {
         async move {
             let request = pb::ListDeadLettersRequest {
                 consumer_group: "g".into(),
-                limit: 0,
+                page_size: 0,
+                ..Default::default()
             };
             let dead = client.list_dead_letters(request).await.unwrap();
             (!dead.into_inner().batches.is_empty()).then_some(())

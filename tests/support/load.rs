@@ -15,7 +15,7 @@ use tonic::transport::Channel;
 use super::{DEADLINE, add, eventually, placements};
 
 /// An item: its key and id.
-pub type ItemRef = (String, Vec<u8>);
+pub type ItemRef = (String, String);
 
 /// How long one caller may go without an answer before it gives up.
 pub const OUTAGE_LIMIT: Duration = Duration::from_secs(60);

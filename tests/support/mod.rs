@@ -167,7 +167,7 @@ pub fn add(key: &str, id: &str, payload: &[u8]) -> pb::AddRequest {
     pb::AddRequest {
         key: key.into(),
         item: Some(pb::Item {
-            id: id.as_bytes().to_vec(),
+            id: id.to_string(),
             payload: payload.to_vec(),
             ..Default::default()
         }),
@@ -232,12 +232,15 @@ pub async fn all_batches(store: &Store) -> Vec<Batch> {
 }
 
 /// How many batches hold each (key, item id), over all retained batches.
-pub fn placements(batches: &[Batch]) -> HashMap<(String, Vec<u8>), usize> {
+pub fn placements(batches: &[Batch]) -> HashMap<(String, String), usize> {
     let mut seen = HashMap::new();
     for batch in batches {
         for item in &batch.items {
             *seen
-                .entry((batch.key.clone(), item.id.clone()))
+                .entry((
+                    batch.key.clone(),
+                    String::from_utf8_lossy(&item.id).into_owned(),
+                ))
                 .or_insert(0) += 1;
         }
     }

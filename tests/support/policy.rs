@@ -112,10 +112,7 @@ pub async fn held(client: &Client, key: &str, reason: pb::FlushReason) -> pb::Gr
 
 /// The item ids of a batch (or group), as strings, in order.
 pub fn ids(items: &[pb::Item]) -> Vec<String> {
-    items
-        .iter()
-        .map(|i| String::from_utf8(i.id.clone()).expect("utf-8 ids"))
-        .collect()
+    items.iter().map(|i| i.id.clone()).collect()
 }
 
 /// The reason of a batch, decoded, for readable assertions.
@@ -154,7 +151,7 @@ pub async fn all_flushed(client: &Client) {
         let mut client = client.clone();
         async move {
             let first = pb::ListGroupsRequest {
-                limit: 1,
+                page_size: 1,
                 ..Default::default()
             };
             let page = client.list_groups(first).await.ok()?.into_inner();

@@ -62,7 +62,7 @@ pub async fn ingest_add_many(t: &Target, s: &Sizes, run: &str) -> Result<Ingest,
 
 /// Makes one AddMany item from its key and id, drawing whatever else it
 /// carries from the caller's generator.
-pub type MakeItem = fn(&mut Rng, String, Vec<u8>) -> pb::AddRequest;
+pub type MakeItem = fn(&mut Rng, String, String) -> pb::AddRequest;
 
 /// Scenario 1's load, with the keys `<scenario>-<run><n>` and the items
 /// `make` builds (scenario 11 runs it under another policy). Also counts the

@@ -51,8 +51,8 @@ pub fn key(scenario: &str, run: &str, n: u64) -> String {
 }
 
 /// An item id: 25 bytes, unique per run, caller and sequence number.
-pub fn id(run: &str, caller: usize, seq: u64) -> Vec<u8> {
-    format!("{run}{caller:08}-{seq:012}").into_bytes()
+pub fn id(run: &str, caller: usize, seq: u64) -> String {
+    format!("{run}{caller:08}-{seq:012}")
 }
 
 /// Subscribes `client` to every batch of the keys that start with `prefix`.
@@ -69,7 +69,7 @@ pub async fn subscribe(client: &mut Client, prefix: &str) -> Result<Streaming<pb
 }
 
 /// One add request with the standard payload.
-pub fn add_request(key: String, id: Vec<u8>) -> pb::AddRequest {
+pub fn add_request(key: String, id: String) -> pb::AddRequest {
     pb::AddRequest {
         key,
         item: Some(pb::Item {

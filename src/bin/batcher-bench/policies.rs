@@ -82,7 +82,7 @@ pub async fn rules_add_many(t: &Target, s: &Sizes, run: &str) -> Result<Ingest, 
 
 /// One parcel: the standard item with a weight and a volume, and now and
 /// then a deadline.
-fn parcel(rng: &mut Rng, key: String, id: Vec<u8>) -> pb::AddRequest {
+fn parcel(rng: &mut Rng, key: String, id: String) -> pb::AddRequest {
     let mut request = add_request(key, id);
     let item = request.item.as_mut().expect("add_request makes an item");
     let mut draw = |range: &Range<u64>| range.start + rng.below(range.end - range.start);
