@@ -12,6 +12,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("batcher_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // Type names (prost::Name) let the JSON mapping find each message's
+    // descriptor.
+    let mut config = prost_build::Config::new();
+    config.enable_type_names();
+    tonic_prost_build::configure().compile_fds_with_config(fds, config)?;
     Ok(())
 }

@@ -32,6 +32,7 @@
 //! - `auth`: bearer tokens with roles and key scopes, guarding the Batcher service.
 //! - `metrics`: the Prometheus families, their recorder and recording
 //!   helpers, the gRPC call counter and the gauges refreshed from Redis.
+//! - `json`: the protobuf JSON mapping of the API's messages (CLI, web view).
 //! - `http`: the HTTP listener: `GET /metrics`.
 //! - `server`: wires it all together and serves until shutdown.
 
@@ -40,6 +41,7 @@ pub mod batch;
 pub mod config;
 pub mod embedded;
 pub mod http;
+pub mod json;
 pub mod keys;
 pub mod metrics;
 pub mod policy;
