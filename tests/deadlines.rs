@@ -129,8 +129,8 @@ async fn hung_redis_fails_within_the_deadline() {
 }
 
 /// With Redis hung and a configured deadline of 10 s, calls whose client
-/// `grpc-timeout` is 400 ms fail UNAVAILABLE (REDIS_TIMEOUT) after about
-/// 400 ms: an add, a read, and a Subscribe that joins a consumer group.
+/// `grpc-timeout` is 1 s fail UNAVAILABLE (REDIS_TIMEOUT) a little before
+/// 1 s: an add, a read, and a Subscribe that joins a consumer group.
 #[tokio::test]
 async fn shorter_client_timeout_is_honoured() {
     let redis = RedisServer::start();
@@ -139,7 +139,7 @@ async fn shorter_client_timeout_is_honoured() {
     let service = Service::start(config).await;
     let mut client = service.client().await;
     client.add(add("k", "before", b"")).await.unwrap();
-    let timeout = Duration::from_millis(400);
+    let timeout = Duration::from_secs(1);
 
     let _paused = Paused::new(&redis);
     let started = Instant::now();
@@ -183,7 +183,7 @@ fn check_timed_out(status: &tonic::Status, started: Instant, timeout: Duration) 
     );
     assert_error_info(status, "REDIS_TIMEOUT");
     assert!(
-        took >= timeout * 9 / 10 && took < timeout + MARGIN,
+        took >= timeout * 8 / 10 && took < timeout + MARGIN,
         "failed after {took:?}"
     );
 }

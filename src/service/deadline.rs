@@ -88,7 +88,7 @@ fn budget(headers: &http::HeaderMap, limit: Duration) -> Duration {
         .and_then(|value| parse_grpc_timeout(value.to_str().ok()?));
     match client {
         Some(client) => {
-            let slack = (client / 20).min(Duration::from_millis(50));
+            let slack = (client / 10).min(Duration::from_millis(200));
             limit.min(client - slack)
         }
         None => limit,
@@ -164,9 +164,9 @@ mod tests {
         headers.insert("grpc-timeout", "5S".parse().unwrap());
         assert_eq!(budget(&headers, limit), limit);
         headers.insert("grpc-timeout", "500m".parse().unwrap());
-        assert_eq!(budget(&headers, limit), Duration::from_millis(475));
-        headers.insert("grpc-timeout", "2010m".parse().unwrap());
-        assert_eq!(budget(&headers, limit), Duration::from_millis(1960));
+        assert_eq!(budget(&headers, limit), Duration::from_millis(450));
+        headers.insert("grpc-timeout", "2100m".parse().unwrap());
+        assert_eq!(budget(&headers, limit), Duration::from_millis(1900));
         headers.insert("grpc-timeout", "junk".parse().unwrap());
         assert_eq!(budget(&headers, limit), limit);
     }
