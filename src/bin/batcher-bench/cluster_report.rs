@@ -10,7 +10,7 @@ use super::cluster::{self, ClusterIngest};
 use super::ingest::Ingest;
 use super::load;
 use super::report::{Row, Verdict};
-use super::reports::ratio;
+use super::reports::{self, ratio};
 use super::runner::Runner;
 use super::scenarios::master_name;
 
@@ -57,6 +57,7 @@ pub fn report(
     prefix: &str,
 ) {
     let per_sec = r.ingest.stats.per_sec();
+    reports::bar(runner, "9. AddMany, 3-master cluster", per_sec, None);
     let single_per_sec = single.map(|s| s.stats.per_sec());
     let us = |v: Option<f64>| v.map_or("n/a".into(), |us| format!("{us:.1} µs"));
     let single_us = single.and_then(Ingest::redis_us_per_item);

@@ -7,13 +7,23 @@
 //! `remembered.rs`, `overload.rs`, `policies.rs`, `cluster.rs`) over `scenarios.rs` (what they share) and
 //! `load.rs` (load generation), `procs.rs` (child processes, CPU and RSS),
 //! `reports.rs` and `cluster_report.rs` (results to rows and notes),
-//! `report.rs` (the table and BENCHMARKS.md) and
-//! `method.rs` (its "How each figure is computed").
+//! `report.rs` (the table and BENCHMARKS.md),
+//! `method.rs` (its "How each figure is computed") and `charts/` (its SVG
+//! charts, drawn with plotters).
 //!
 //! ```sh
 //! cargo run --release --bin batcher-bench              # full run, writes BENCHMARKS.md
 //! cargo run --release --bin batcher-bench -- --quick   # smoke run (CI), well under 2 minutes
 //! ```
+//!
+//! The report links four SVG charts, written to a directory next to it:
+//! `bench/` beside BENCHMARKS.md in a full run, `target/bench-quick/` with
+//! `--quick` and `target/bench-partial/` with `--only` (beside their reports),
+//! so CI draws every chart it has data for without touching the repository.
+//! They are: ingest throughput against the ceilings (rows 1, 2, 9, 11 and the
+//! two ceilings, each target marked), the timeout lateness histogram
+//! (scenario 3), flush-to-subscriber latency by percentile (scenario 4), and
+//! p99 Add latency against open groups (scenario 5).
 //!
 //! By default it starts its own `redis-server` (free loopback port, temporary
 //! directory, no persistence) and runs the service as a child process (this
@@ -75,7 +85,10 @@
 //!    probe runs on another fresh service, so the two probes differ only in
 //!    the number of open groups (the probe on the service that did the
 //!    opening is reported too, as is Redis's time per script call during each
-//!    probe). Figure: p99 Add latency at 1M / at 1k. Target: ≤ 1.25.
+//!    probe). The opening stops at each power of ten on the way (10k, 100k;
+//!    quick: 10k) for the same probe on that service, for the chart; its
+//!    groups/s and CPU leave the probes out. Figure: p99 Add latency at 1M /
+//!    at 1k. Target: ≤ 1.25.
 //! 6. **Redis memory per open group.** Redis `used_memory` after opening the
 //!    groups from 1k to 1M, minus before, divided by the groups opened (one
 //!    item each: 15-byte key, 25-byte id, 32-byte payload). Target: ≤ 400 bytes.
@@ -138,6 +151,7 @@
 //!     the rules were not in force). Only with the bench's own Redis.
 
 mod ceiling;
+mod charts;
 mod cluster;
 mod cluster_report;
 mod fanout;
@@ -157,7 +171,7 @@ mod scenarios;
 mod service;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -184,7 +198,8 @@ struct Args {
     service: Option<SocketAddr>,
     /// Where to write the report [default: BENCHMARKS.md in the repository;
     /// with --quick, target/BENCHMARKS.quick.md; with --only,
-    /// target/BENCHMARKS.partial.md].
+    /// target/BENCHMARKS.partial.md]. The charts go to a directory beside
+    /// it: bench/, bench-quick/ or bench-partial/.
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
     /// Run only these scenarios (comma-separated: ceiling,1,2,...,11;
@@ -301,7 +316,8 @@ fn serve(config_toml: &str) -> ExitCode {
     })
 }
 
-/// Runs every scenario (or those --only names), prints the table and writes the report.
+/// Runs every scenario (or those --only names), prints the table and writes
+/// the report and its charts.
 async fn bench(args: Args) -> ExitCode {
     let started = Instant::now();
     let load_before = report::load_average();
@@ -332,12 +348,50 @@ async fn bench(args: Args) -> ExitCode {
     for note in &runner.notes {
         println!("- {note}");
     }
+    let written = write_report(&args, &runner, &env, &load_before, &redis_version);
+    if written {
+        println!("({:.0} s in all)", started.elapsed().as_secs_f64());
+    }
+    if runner.failed || !written {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Draws the charts and writes the report that links them; false if either
+/// could not be written.
+fn write_report(
+    args: &Args,
+    runner: &Runner,
+    env: &Env,
+    load_before: &str,
+    redis_version: &str,
+) -> bool {
+    let out = out_path(args);
+    let root = out.parent().unwrap_or(Path::new("."));
+    let chart_dir = chart_dir(args);
+    let _ = std::fs::create_dir_all(root);
+    let mut written = true;
+    let links = match charts::write_all(&runner.charts, &root.join(chart_dir)) {
+        Ok(links) => {
+            let dir = root.join(chart_dir);
+            println!("\ndrew {} charts in {}", links.len(), dir.display());
+            links
+        }
+        Err(e) => {
+            eprintln!("batcher-bench: {e}");
+            written = false;
+            Vec::new()
+        }
+    };
     let machine = report::Machine::detect();
     let document = report::Document {
         rows: &runner.rows,
         notes: &runner.notes,
+        charts: &charts::markdown(&links, chart_dir),
         machine: &machine,
-        load_before: &load_before,
+        load_before,
         command: &report::command_line(),
         date: &report::utc_now(),
         mode: if args.quick {
@@ -345,34 +399,21 @@ async fn bench(args: Args) -> ExitCode {
         } else {
             "full"
         },
-        redis_version: &redis_version,
+        redis_version,
         commit: &report::git_commit(),
         config: &env
             .config_text
             .replace(&env.redis_url, "<the bench's own redis-server>"),
         method: method::METHOD,
     };
-    let out = out_path(&args);
-    if let Some(dir) = out.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let mut failed = runner.failed;
     match std::fs::write(&out, document.render()) {
-        Ok(()) => println!(
-            "\nwrote {} ({:.0} s in all)",
-            out.display(),
-            started.elapsed().as_secs_f64()
-        ),
+        Ok(()) => println!("wrote {}", out.display()),
         Err(e) => {
             eprintln!("batcher-bench: cannot write {}: {e}", out.display());
-            failed = true;
+            written = false;
         }
     }
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
+    written
 }
 
 /// Where the report goes: --out, or by mode (see `Args::out`).
@@ -387,4 +428,17 @@ fn out_path(args: &Args) -> PathBuf {
             root.join("BENCHMARKS.md")
         }
     })
+}
+
+/// The charts' directory, next to the report (so its links are relative):
+/// `bench/` for a full run, `bench-quick/` or `bench-partial/` otherwise,
+/// so a quick or partial run never overwrites the full run's charts.
+fn chart_dir(args: &Args) -> &'static str {
+    if args.quick {
+        "bench-quick"
+    } else if !args.only.is_empty() {
+        "bench-partial"
+    } else {
+        "bench"
+    }
 }

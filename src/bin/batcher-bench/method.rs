@@ -29,7 +29,8 @@ pub const METHOD: &str = "\
   ms, so figures overstate by up to 1 ms), over every delivery.
 - **5. Scale**: 4 probers each Add one item under a fresh key (opening a group) and Remove \
   it, so the number of open groups stays put; p99 Add latency with 1M open one-item groups \
-  (quick: 20k) over p99 with 1k, each on a freshly started service.
+  (quick: 20k) over p99 with 1k, each on a freshly started service. The chart adds the same \
+  probe on the service that opened the groups, at 10k, 100k (quick: 10k) and 1M on the way.
 - **6. Memory**: (Redis `used_memory` after opening the groups from 1k to 1M − before) / groups \
   opened; each group holds one item: 15-byte key, 25-byte id, 32-byte payload.
 - **7. RSS**: VmRSS of a freshly started service after the same probe, over 1k and over 1M \

@@ -203,6 +203,19 @@ pub struct CpuUse {
 }
 
 impl CpuUse {
+    /// This window followed by `other`, as one window: the wall times and
+    /// each process's CPU seconds add up.
+    pub fn merge(mut self, other: CpuUse) -> CpuUse {
+        self.wall += other.wall;
+        for (name, seconds) in other.used {
+            match self.used.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, used)) => *used += seconds,
+                None => self.used.push((name, seconds)),
+            }
+        }
+        self
+    }
+
     /// CPU seconds that the process named `name` used, when it was metered.
     pub fn seconds(&self, name: &str) -> Option<f64> {
         self.used.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)

@@ -164,6 +164,8 @@ pub fn utc_now() -> String {
 pub struct Document<'a> {
     pub rows: &'a [Row],
     pub notes: &'a [String],
+    /// The "Charts" section (Markdown linking the SVGs), or "".
+    pub charts: &'a str,
     pub machine: &'a Machine,
     /// /proc/loadavg when the run started: other load makes figures noisy.
     pub load_before: &'a str,
@@ -238,6 +240,7 @@ impl Document<'_> {
                 missing.join("; ")
             }
         );
+        out.push_str(self.charts);
         if !self.notes.is_empty() {
             let _ = writeln!(out, "## Details\n");
             for note in self.notes {

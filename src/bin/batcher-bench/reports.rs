@@ -2,6 +2,7 @@
 //! table (figure, target, ratio, verdict) and a line of the details.
 
 use super::ceiling::Ceiling;
+use super::charts::{self, Bar};
 use super::fanout::Fanout;
 use super::ingest::Ingest;
 use super::load;
@@ -15,6 +16,13 @@ use super::scale::{Probe, ScaleResult};
 
 /// The AddMany target on Redis CPU per item, in µs.
 const ADD_MANY_REDIS_US: f64 = 8.0;
+/// The timeout-lateness targets (scenario 3), in ms.
+const LATENESS_P99_MS: f64 = 5.0;
+const LATENESS_MAX_MS: f64 = 25.0;
+/// The flush-to-subscriber target (scenario 4) on p99, in ms.
+const DELIVERY_P99_MS: f64 = 5.0;
+/// The scale target (scenario 5): p99 over many groups / p99 over few.
+const SCALE_RATIO: f64 = 1.25;
 
 fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
@@ -39,9 +47,25 @@ fn versus(value: f64, reference: Option<f64>, factor: f64) -> (String, Verdict) 
     }
 }
 
+/// A bar of the throughput chart; `target` in items/s.
+pub fn bar(runner: &mut Runner, label: &str, per_sec: f64, target: Option<f64>) {
+    runner.charts.throughput.push(Bar {
+        label: label.into(),
+        per_sec,
+        target,
+        ceiling: false,
+    });
+}
+
 /// The two ceiling rows, and their commands and checks in the notes.
 pub fn ceiling(runner: &mut Runner, c: &Ceiling) {
     for (label, run) in [("no pipelining", &c.unpipelined), ("-P 16", &c.pipelined)] {
+        runner.charts.throughput.push(Bar {
+            label: format!("ceiling: EVALSHA add_items, 50 clients, {label}"),
+            per_sec: run.ops_per_sec,
+            target: None,
+            ceiling: true,
+        });
         runner.rows.push(Row::new(
             format!("ceiling: EVALSHA add_items, 50 clients, {label}"),
             format!("{:.0} calls/s", run.ops_per_sec),
@@ -77,10 +101,15 @@ pub fn precision(runner: &mut Runner, name: &str, r: &Precision) {
             "p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms, missed {} of {}",
             r.missed, r.groups
         ),
-        "p99 ≤ 5 ms, max ≤ 25 ms, none missed",
+        format!("p99 ≤ {LATENESS_P99_MS} ms, max ≤ {LATENESS_MAX_MS} ms, none missed"),
         "",
-        Verdict::of(p99 <= 5.0 && max <= 25.0 && r.missed == 0),
+        Verdict::of(p99 <= LATENESS_P99_MS && max <= LATENESS_MAX_MS && r.missed == 0),
     ));
+    runner.charts.lateness = Some(charts::Lateness {
+        histogram: r.lateness.clone(),
+        p99_target_ms: LATENESS_P99_MS,
+        max_target_ms: LATENESS_MAX_MS,
+    });
     runner.notes.push(format!(
         "3. Timeout precision: {} groups opened in {:.1} s, {} batches received, \
          {} duplicate batches, {} early or non-TIMEOUT batches; CPU over the run {}{}.",
@@ -99,10 +128,11 @@ pub fn scale(runner: &mut Runner, name: &str, r: &ScaleResult, streaming_rss: Op
         runner.rows.push(Row::new(
             name,
             format!("p99 {large:.2} ms vs {small:.2} ms"),
-            "ratio ≤ 1.25",
+            format!("ratio ≤ {SCALE_RATIO}"),
             format!("{scale_ratio:.2}×"),
-            Verdict::of(scale_ratio <= 1.25),
+            Verdict::of(scale_ratio <= SCALE_RATIO),
         ));
+        runner.charts.scale = Some(scale_points(r));
     }
     let per_group = (r.memory_after as f64 - r.memory_before as f64) / (r.large - r.small) as f64;
     if runner.wants("6") {
@@ -141,14 +171,40 @@ pub fn scale(runner: &mut Runner, name: &str, r: &ScaleResult, streaming_rss: Op
             Verdict::Info,
         )),
     }
+    runner.notes.push(scale_note(r));
+}
+
+/// The p99s of scenario 5's chart: fresh services, and the service that
+/// opened the groups, on the way and at the end.
+fn scale_points(r: &ScaleResult) -> charts::ScalePoints {
+    let p99_at = |groups: usize, p: &Probe| (groups, load::ms(&p.latency, 0.99));
+    let mut opening: Vec<(usize, f64)> = r.on_the_way.iter().map(|(g, p)| p99_at(*g, p)).collect();
+    opening.push(p99_at(r.large, &r.probe_after_ingest));
+    charts::ScalePoints {
+        fresh: vec![
+            p99_at(r.small, &r.probe_small),
+            p99_at(r.large, &r.probe_large),
+        ],
+        opening,
+        target_ratio: SCALE_RATIO,
+    }
+}
+
+/// The details of scenarios 5 to 7.
+fn scale_note(r: &ScaleResult) -> String {
     let p50 = |p: &Probe| load::ms(&p.latency, 0.5);
     let p99 = |p: &Probe| load::ms(&p.latency, 0.99);
-    runner.notes.push(format!(
+    let on_the_way: Vec<String> = r
+        .on_the_way
+        .iter()
+        .map(|(groups, p)| format!("p99 {:.2} ms at {}k", p99(p), groups / 1000))
+        .collect();
+    format!(
         "5-7. Groups {}k → {}k opened at {:.0} groups/s (CPU {}). Add latency on a fresh \
          service: p50 {:.2} ms, p99 {:.2} ms at 1k; p50 {:.2} ms, p99 {:.2} ms at {}k. On the \
-         service that had just opened them: p50 {:.2} ms, p99 {:.2} ms. Redis time per script \
-         call (add or remove) during these probes: {:.1} µs, {:.1} µs, {:.1} µs. Redis \
-         used_memory {:.1} MiB → {:.1} MiB.",
+         service that had just opened them: p50 {:.2} ms, p99 {:.2} ms (on the way: {}). \
+         Redis time per script call (add or remove) during these probes: {:.1} µs, {:.1} µs, \
+         {:.1} µs. Redis used_memory {:.1} MiB → {:.1} MiB.",
         r.small / 1000,
         r.large / 1000,
         r.fill_per_sec,
@@ -160,12 +216,17 @@ pub fn scale(runner: &mut Runner, name: &str, r: &ScaleResult, streaming_rss: Op
         r.large / 1000,
         p50(&r.probe_after_ingest),
         p99(&r.probe_after_ingest),
+        if on_the_way.is_empty() {
+            "none".into()
+        } else {
+            on_the_way.join(", ")
+        },
         r.probe_small.redis_us_per_call,
         r.probe_large.redis_us_per_call,
         r.probe_after_ingest.redis_us_per_call,
         r.memory_before as f64 / 1048576.0,
         r.memory_after as f64 / 1048576.0,
-    ));
+    )
 }
 
 /// "Redis CPU 13.7 µs/item", or n/a when Redis's CPU could not be read.
@@ -180,6 +241,7 @@ fn redis_cpu(r: &Ingest) -> String {
 pub fn add_many(runner: &mut Runner, name: &str, r: &Ingest, pipelined: Option<f64>) {
     let per_sec = r.stats.per_sec();
     let (ratio, verdict) = versus(per_sec, pipelined, 1.0);
+    bar(runner, "1. AddMany, 100 items/call", per_sec, pipelined);
     runner.rows.push(Row::new(
         name,
         format!("{per_sec:.0} items/s; {}", redis_cpu(r)),
@@ -234,6 +296,8 @@ pub fn policy_cost(runner: &mut Runner, name: &str, r: &PolicyCost) {
             .map_or("n/a".into(), |us| format!("{us:.1} µs"))
     };
     let capacity_flushes = r.capacity_flushes();
+    let per_sec = r.rules.stats.per_sec();
+    bar(runner, "11. AddMany, every policy rule on", per_sec, None);
     let (ratio, verdict) = match r.ratio() {
         Some(x) => (
             format!("{x:.2}×"),
@@ -281,6 +345,8 @@ const ADD_SHARE: f64 = 0.55;
 pub fn add(runner: &mut Runner, name: &str, r: &Ingest, unpipelined: Option<f64>) {
     let per_sec = r.stats.per_sec();
     let (ratio, verdict) = versus(per_sec, unpipelined, ADD_SHARE);
+    let target = unpipelined.map(|u| u * ADD_SHARE);
+    bar(runner, "2. unary Add, one item/call", per_sec, target);
     runner.rows.push(Row::new(
         name,
         format!(
@@ -309,10 +375,11 @@ pub fn fanout(runner: &mut Runner, name: &str, r: &Fanout) {
     runner.rows.push(Row::new(
         name,
         format!("p50 {:.1} ms, p99 {p99:.1} ms", load::ms(&r.latency, 0.5)),
-        "p99 ≤ 5 ms",
+        format!("p99 ≤ {DELIVERY_P99_MS} ms"),
         "",
-        Verdict::of(p99 <= 5.0),
+        Verdict::of(p99 <= DELIVERY_P99_MS),
     ));
+    runner.charts.delivery = Some((r.latency.clone(), DELIVERY_P99_MS));
     runner.notes.push(format!(
         "4. Fan-out: {} batches × {} subscribers, {} of {} deliveries received, max \
          latency {:.1} ms; CPU {}{}.",

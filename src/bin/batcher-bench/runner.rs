@@ -11,8 +11,8 @@ use super::report::{Row, Verdict};
 use super::scenarios::{Sizes, Target};
 use super::service::Env;
 use super::{
-    cluster, cluster_report, fanout, ingest, load, overload, policies, precision, remembered,
-    reports, scale,
+    charts, cluster, cluster_report, fanout, ingest, load, overload, policies, precision,
+    remembered, reports, scale,
 };
 
 /// The table rows and notes collected so far, and whether any scenario could
@@ -21,6 +21,8 @@ pub struct Runner {
     pub rows: Vec<Row>,
     pub notes: Vec<String>,
     pub failed: bool,
+    /// What the charts are drawn from, filled in as the scenarios report.
+    pub charts: charts::Data,
     /// Scenario ids given to --only; empty for all.
     only: Vec<String>,
 }
@@ -31,6 +33,7 @@ impl Runner {
             rows: Vec::new(),
             notes: Vec::new(),
             failed: false,
+            charts: charts::Data::default(),
             only,
         }
     }

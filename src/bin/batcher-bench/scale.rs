@@ -25,6 +25,9 @@ pub struct ScaleResult {
     pub probe_large: Probe,
     /// The probe on the service that had just opened the `large` groups.
     pub probe_after_ingest: Probe,
+    /// Probes on that service on the way, at each power of ten between
+    /// `small` and `large` (10k and 100k; quick: 10k): (open groups, probe).
+    pub on_the_way: Vec<(usize, Probe)>,
     /// Redis used_memory before and after opening `large - small` groups.
     pub memory_before: u64,
     pub memory_after: u64,
@@ -57,8 +60,8 @@ async fn probe(target: &Target, run: &str, round: char, total: usize) -> Result<
 
 /// Scenarios 5 to 7 on one growing set of groups: open 1k; on a fresh
 /// service, probe and read RSS; open up to 1M with Redis memory read around
-/// it and probe again on that service; then probe and read RSS on another
-/// fresh service. Restarts the service, so it runs on the main future (see
+/// it (probing at each power of ten on the way) and probe again on that
+/// service; then probe and read RSS on another fresh service. Restarts the service, so it runs on the main future (see
 /// procs.rs).
 pub async fn scale(env: &mut Env, sizes: &Sizes, run: &str) -> Result<ScaleResult, String> {
     let (small, large) = (sizes.scale_small, sizes.scale_large);
@@ -69,7 +72,8 @@ pub async fn scale(env: &mut Env, sizes: &Sizes, run: &str) -> Result<ScaleResul
     let probe_small = probe(&target, run, 'p', sizes.probes).await?;
     let rss_small = target.rss();
     let memory_before = used_memory(&target.redis_url).await?;
-    let (fill_per_sec, fill_cpu) = open_groups(&target, small..large, run, 16).await?;
+    let (fill_per_sec, fill_cpu, on_the_way) =
+        open_probing(&target, small, large, run, sizes.probes).await?;
     let memory_after = used_memory(&target.redis_url).await?;
     let probe_after_ingest = probe(&target, run, 'q', sizes.probes).await?;
     let rss_after_ingest = target.rss();
@@ -83,6 +87,7 @@ pub async fn scale(env: &mut Env, sizes: &Sizes, run: &str) -> Result<ScaleResul
         probe_small,
         probe_large,
         probe_after_ingest,
+        on_the_way,
         memory_before,
         memory_after,
         rss_small,
@@ -93,9 +98,46 @@ pub async fn scale(env: &mut Env, sizes: &Sizes, run: &str) -> Result<ScaleResul
     })
 }
 
+/// The powers of ten strictly between `small` and `large`.
+fn decades(small: usize, large: usize) -> Vec<usize> {
+    std::iter::successors(Some(10usize), |p| p.checked_mul(10))
+        .skip_while(|p| *p <= small)
+        .take_while(|p| *p < large)
+        .collect()
+}
+
+/// Opens groups `small..large` on `t`, stopping at each power of ten on the
+/// way to probe it (rounds 'a', 'b', ...). Returns the groups opened per
+/// second and the CPU use while opening (probes left out), and the probes.
+async fn open_probing(
+    t: &Target,
+    small: usize,
+    large: usize,
+    run: &str,
+    probes: usize,
+) -> Result<(f64, CpuUse, Vec<(usize, Probe)>), String> {
+    let (mut from, mut secs, mut cpu) = (small, 0.0, None::<CpuUse>);
+    let mut on_the_way = Vec::new();
+    for (step, to) in decades(small, large).into_iter().chain([large]).enumerate() {
+        let (s, c) = open_groups(t, from..to, run, 16).await?;
+        secs += s;
+        cpu = Some(match cpu {
+            Some(before) => before.merge(c),
+            None => c,
+        });
+        if to < large {
+            let round = char::from(b'a' + step as u8);
+            on_the_way.push((to, probe(t, run, round, probes).await?));
+        }
+        from = to;
+    }
+    let cpu = cpu.ok_or("no groups to open")?;
+    Ok(((large - small) as f64 / secs.max(1e-9), cpu, on_the_way))
+}
+
 /// Opens one one-item group for each index in `range` (keys `sc-<run><index>`),
-/// with AddMany calls of 100 from `concurrency` callers. Returns the groups
-/// opened per second and the CPU use meanwhile.
+/// with AddMany calls of 100 from `concurrency` callers. Returns the seconds
+/// it took and the CPU use meanwhile.
 async fn open_groups(
     t: &Target,
     range: std::ops::Range<usize>,
@@ -108,12 +150,12 @@ async fn open_groups(
     let cpu = t.cpu_meter();
     let started = Instant::now();
     let opened = fill(&clients, keys, run, concurrency).await?;
-    let per_sec = opened as f64 / started.elapsed().as_secs_f64();
+    let secs = started.elapsed().as_secs_f64();
     let cpu = cpu.finish();
     if opened as usize != wanted {
         return Err(format!("opened {opened} groups, expected {wanted}"));
     }
-    Ok((per_sec, cpu))
+    Ok((secs, cpu))
 }
 
 /// Measures Add latency without changing the number of open groups: each of
@@ -171,4 +213,17 @@ async fn probe_latency(
             .map_err(|e| e.to_string())?;
     }
     Ok(latency)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The probes on the way stop at each power of ten between the sizes.
+    #[test]
+    fn decades_lie_strictly_between() {
+        assert_eq!(decades(1_000, 1_000_000), vec![10_000, 100_000]);
+        assert_eq!(decades(1_000, 20_000), vec![10_000]);
+        assert!(decades(1_000, 10_000).is_empty());
+    }
 }
