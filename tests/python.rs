@@ -9,16 +9,20 @@ mod support;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
+use batcher::config::Config;
 use redis::streams::StreamPendingCountReply;
 use support::python::{Python, Script};
-use support::{RedisServer, Service, all_batches, config, eventually, free_addr, placements};
+use support::{Paused, RedisServer, Service, all_batches, config, eventually, placements};
 
 /// Ten parcels a truck, and no flush by time or redelivery by ack timeout
 /// within a test: every batch is SIZE or CLOSED, and delivered once.
 const POLICY: &str = "[defaults]\nmax_items = 10\nmax_wait = \"10m\"\n\
                       [subscriptions]\nack_timeout = \"1h\"\n";
 
+/// The consumer group of every test.
 const GROUP: &str = "loaders";
+/// The key every parcel goes under.
+const KEY: &str = "north";
 
 /// The ids the producer gives `count` parcels with `prefix`.
 fn parcel_ids(prefix: &str, count: usize) -> Vec<String> {
@@ -27,22 +31,18 @@ fn parcel_ids(prefix: &str, count: usize) -> Vec<String> {
 
 /// Starts consumer.py in group GROUP, printing JSON, until it has `items`.
 fn consumer(python: &Python, addr: SocketAddr, items: usize) -> Script {
-    let (addr, items) = (addr.to_string(), items.to_string());
-    let args = [
-        "--addr", &addr, "--group", GROUP, "--consumer", "c1", "--from-start", "--json",
-        "--max-items", &items,
-    ];
+    let args = format!(
+        "--addr {addr} --group {GROUP} --consumer c1 --from-start --json --max-items {items}"
+    );
     python.spawn("consumer", "consumer.py", &args)
 }
 
-/// Starts producer.py: `count` parcels `<prefix>NNNNN` under "north", ten
-/// per AddMany, the last one closing its group.
-fn producer(python: &Python, addr: SocketAddr, prefix: &str, count: usize) -> Script {
-    let (addr, count) = (addr.to_string(), count.to_string());
-    let args = [
-        "--addr", &addr, "--key", "north", "--prefix", prefix, "--count", &count,
-        "--batch-size", "10", "--close",
-    ];
+/// Starts producer.py: `count` parcels `<prefix>NNNNN` under KEY, ten
+/// per AddMany, the last one closing its group; `extra` arguments after.
+fn producer(python: &Python, addr: SocketAddr, prefix: &str, count: usize, extra: &str) -> Script {
+    let args = format!(
+        "--addr {addr} --key {KEY} --prefix {prefix} --count {count} --batch-size 10 --close {extra}"
+    );
     python.spawn(&format!("producer-{prefix}"), "producer.py", &args)
 }
 
@@ -55,7 +55,11 @@ fn delivered(stdout: &str) -> Vec<String> {
             serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert_eq!(batch["deliveryCount"], 1, "a redelivery: {line}");
         let items = batch["items"].as_array().expect("items");
-        ids.extend(items.iter().map(|i| i["id"].as_str().expect("id").to_owned()));
+        ids.extend(
+            items
+                .iter()
+                .map(|i| i["id"].as_str().expect("id").to_owned()),
+        );
     }
     ids
 }
@@ -82,7 +86,7 @@ fn pending(redis: &RedisServer) -> usize {
 
 /// Asserts that `seen` holds each of `expected` once, and that every
 /// retained batch over Redis holds them once: no repeat made a new item.
-async fn assert_exactly_once(seen: &[String], expected: &[String], config: &batcher::config::Config) {
+async fn assert_exactly_once(seen: &[String], expected: &[String], config: &Config) {
     let mut seen_sorted = seen.to_vec();
     seen_sorted.sort();
     let mut expected_sorted = expected.to_vec();
@@ -91,7 +95,7 @@ async fn assert_exactly_once(seen: &[String], expected: &[String], config: &batc
     let stored = placements(&all_batches(&support::store(config)).await);
     let want: HashMap<_, _> = expected
         .iter()
-        .map(|id| (("north".to_owned(), id.clone()), 1))
+        .map(|id| ((KEY.to_owned(), id.clone()), 1))
         .collect();
     assert_eq!(stored, want, "items in the retained batches");
 }
@@ -106,10 +110,14 @@ async fn every_parcel_reaches_the_consumer_once_even_when_added_twice() {
     let service = Service::start(config.clone()).await;
     let consumer = consumer(&python, service.addr, 25);
 
-    let first = producer(&python, service.addr, "parcel-", 25).success().await;
-    assert_eq!(first.trim(), "added 25, duplicates 0, key north");
-    let again = producer(&python, service.addr, "parcel-", 25).success().await;
-    assert_eq!(again.trim(), "added 0, duplicates 25, key north");
+    let first = producer(&python, service.addr, "parcel-", 25, "")
+        .success()
+        .await;
+    assert_eq!(outcomes(&first), (25, 0), "{first}");
+    let again = producer(&python, service.addr, "parcel-", 25, "")
+        .success()
+        .await;
+    assert_eq!(outcomes(&again), (0, 25), "{again}");
 
     let seen = delivered(&consumer.success().await);
     assert_eq!(seen.len(), 25, "{seen:?}");
@@ -127,9 +135,13 @@ async fn the_clients_ride_out_a_service_that_is_down_and_restarts() {
     let python = Python::new();
     let redis = RedisServer::start();
     let config = config(&redis.url(), POLICY);
-    let addr = free_addr();
+    // Bound but not listening: connections are refused, and no other test
+    // can take the port before the service listens on it.
+    let reserved = tokio::net::TcpSocket::new_v4().expect("socket");
+    reserved.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    let addr = reserved.local_addr().expect("local addr");
     let consumer = consumer(&python, addr, 40);
-    let early = producer(&python, addr, "a-", 20);
+    let early = producer(&python, addr, "a-", 20, "");
     eventually("both scripts to retry while the service is down", || {
         let retried = early.stderr().contains("with the same ids")
             && consumer.stderr().contains("reconnecting");
@@ -137,8 +149,10 @@ async fn the_clients_ride_out_a_service_that_is_down_and_restarts() {
     })
     .await;
 
-    let first = start_at(addr, &config).await;
-    assert_eq!(early.success().await.trim(), "added 20, duplicates 0, key north");
+    let listener = reserved.listen(1024).expect("listen");
+    let first = Service::start_on(listener, config.clone()).await;
+    let summary = early.success().await;
+    assert_eq!(outcomes(&summary), (20, 0), "{summary}");
     eventually("the consumer to process and ack the first 20", || {
         let done = delivered(&consumer.stdout()).len() == 20 && pending(&redis) == 0;
         async move { done.then_some(()) }
@@ -152,9 +166,11 @@ async fn the_clients_ride_out_a_service_that_is_down_and_restarts() {
     })
     .await;
 
-    let second = start_at(addr, &config).await;
-    let late = producer(&python, addr, "b-", 20).success().await;
-    assert_eq!(late.trim(), "added 20, duplicates 0, key north");
+    let listener = tokio::net::TcpListener::bind(addr).await;
+    let listener = listener.unwrap_or_else(|e| panic!("bind {addr} again: {e}"));
+    let second = Service::start_on(listener, config.clone()).await;
+    let late = producer(&python, addr, "b-", 20, "").success().await;
+    assert_eq!(outcomes(&late), (20, 0), "{late}");
     let seen = delivered(&consumer.success().await);
     let expected = [parcel_ids("a-", 20), parcel_ids("b-", 20)].concat();
     assert_exactly_once(&seen, &expected, &config).await;
@@ -162,9 +178,43 @@ async fn the_clients_ride_out_a_service_that_is_down_and_restarts() {
     second.stop().await;
 }
 
-/// A service on `addr`, where the scripts already point.
-async fn start_at(addr: SocketAddr, config: &batcher::config::Config) -> Service {
-    let listener = tokio::net::TcpListener::bind(addr).await;
-    let listener = listener.unwrap_or_else(|e| panic!("bind {addr}: {e}"));
-    Service::start_on(listener, config.clone()).await
+/// While Redis hangs, the producer's calls time out and are repeated with
+/// the same ids; a call that Redis took before it hung lands when it wakes,
+/// and its repeat is DUPLICATE: each parcel is in one batch, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_producer_repeats_calls_that_timed_out_against_a_hung_redis() {
+    let python = Python::new();
+    let redis = RedisServer::start();
+    let config = config(&redis.url(), POLICY);
+    let service = Service::start(config.clone()).await;
+    let consumer = consumer(&python, service.addr, 20);
+
+    let paused = Paused::new(&redis);
+    let producer = producer(&python, service.addr, "parcel-", 20, "--timeout 1");
+    eventually("the producer to repeat a call", || {
+        let retried = producer.stderr().contains("with the same ids");
+        async move { retried.then_some(()) }
+    })
+    .await;
+    drop(paused);
+
+    let summary = producer.success().await;
+    let (added, duplicates) = outcomes(&summary);
+    assert_eq!(added + duplicates, 20, "{summary}");
+    let seen = delivered(&consumer.success().await);
+    assert_exactly_once(&seen, &parcel_ids("parcel-", 20), &config).await;
+    assert_eq!(pending(&redis), 0, "the consumer acked every batch");
+    service.stop().await;
+}
+
+/// The (added, duplicates) counts of the producer's summary line.
+fn outcomes(summary: &str) -> (usize, usize) {
+    let counts: Vec<usize> = summary
+        .split([' ', ','])
+        .filter_map(|word| word.parse().ok())
+        .collect();
+    match counts[..] {
+        [added, duplicates] => (added, duplicates),
+        _ => panic!("not a summary: {summary}"),
+    }
 }

@@ -29,7 +29,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--group", required=True, help="the consumer group, created on first use")
     parser.add_argument("--consumer", required=True, help="this consumer's name within the group")
     parser.add_argument("--key", action="append", default=[], help="a key to receive (repeatable)")
-    parser.add_argument("--key-prefix", action="append", default=[], help="a key prefix to receive (repeatable)")
+    parser.add_argument(
+        "--key-prefix", action="append", default=[], help="a key prefix to receive (repeatable)"
+    )
     parser.add_argument(
         "--from-start",
         action="store_true",
@@ -38,7 +40,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-items", type=int, help="stop after processing this many items")
     parser.add_argument("--max-batches", type=int, help="stop after processing this many batches")
     parser.add_argument("--json", action="store_true", help="print each batch as one line of JSON")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per Ack (default: %(default)s)")
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds per Ack (default: %(default)s)"
+    )
     return parser.parse_args()
 
 

@@ -27,12 +27,21 @@ def parse_args() -> argparse.Namespace:
     add_connection_args(parser)
     parser.add_argument("--key", required=True, help="the key to add under, such as an area")
     parser.add_argument("--count", type=int, required=True, help="how many parcels to add")
-    parser.add_argument("--prefix", default="parcel-", help="parcel id prefix (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=100, help="parcels per AddMany (default: %(default)s)")
-    parser.add_argument("--close", action="store_true", help="close the group with the last parcel")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per call (default: %(default)s)")
     parser.add_argument(
-        "--retry-for", type=float, default=60.0, help="seconds to keep retrying one call (default: %(default)s)"
+        "--prefix", default="parcel-", help="parcel id prefix (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=100, help="parcels per AddMany (default: %(default)s)"
+    )
+    parser.add_argument("--close", action="store_true", help="close the group with the last parcel")
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds per call (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--retry-for",
+        type=float,
+        default=60.0,
+        help="seconds to keep retrying one call (default: %(default)s)",
     )
     return parser.parse_args()
 
@@ -65,7 +74,11 @@ def add_many(
             delay = backoff.delay()
             log.warning(
                 "AddMany of %s..%s failed (%s: %s); retrying in %.2fs with the same ids",
-                chunk[0].item.id, chunk[-1].item.id, err.code().name, err.details(), delay,
+                chunk[0].item.id,
+                chunk[-1].item.id,
+                err.code().name,
+                err.details(),
+                delay,
             )
             time.sleep(delay)
 
@@ -87,8 +100,12 @@ def main() -> int:
             for result in response.results:
                 outcomes[pb.AddOutcome.Name(result.outcome).removeprefix("ADD_OUTCOME_")] += 1
                 for batch in result.batches:
-                    log.info("flushed batch %s of %d parcels (%s)", batch.id, len(batch.items),
-                             pb.FlushReason.Name(batch.reason).removeprefix("FLUSH_REASON_"))
+                    log.info(
+                        "flushed batch %s of %d parcels (%s)",
+                        batch.id,
+                        len(batch.items),
+                        pb.FlushReason.Name(batch.reason).removeprefix("FLUSH_REASON_"),
+                    )
     print(f"added {outcomes['ADDED']}, duplicates {outcomes['DUPLICATE']}, key {args.key}")
     return 0
 

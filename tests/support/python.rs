@@ -37,19 +37,22 @@ impl Python {
         let dir = tempfile::tempdir().expect("temp dir");
         let out = dir.path().join("gen");
         let mut generate = Command::new(venv.join("bin/python"));
-        generate.arg(examples().join("generate.py")).arg("--out").arg(&out);
+        generate
+            .arg(examples().join("generate.py"))
+            .arg("--out")
+            .arg(&out);
         check(&mut generate, "generate.py");
         Python { venv, dir }
     }
 
-    /// Starts `script` (such as "producer.py") with `args`; `name` tells its
-    /// output files apart.
-    pub fn spawn(&self, name: &str, script: &str, args: &[&str]) -> Script {
+    /// Starts `script` (such as "producer.py") with `args`, separated by
+    /// whitespace; `name` tells its output files apart.
+    pub fn spawn(&self, name: &str, script: &str, args: &str) -> Script {
         let stdout = self.dir.path().join(format!("{name}.out"));
         let stderr = self.dir.path().join(format!("{name}.err"));
         let child = tokio::process::Command::new(self.venv.join("bin/python"))
             .arg(examples().join(script))
-            .args(args)
+            .args(args.split_whitespace())
             .env("PYTHONPATH", self.dir.path().join("gen"))
             .env("PYTHONUNBUFFERED", "1")
             .stdin(Stdio::null())
@@ -64,12 +67,6 @@ impl Python {
             stdout,
             stderr,
         }
-    }
-
-    /// Runs `script` to its end and returns its stdout; panics, showing its
-    /// output, unless it exits 0 within the deadline.
-    pub async fn run(&self, name: &str, script: &str, args: &[&str]) -> String {
-        self.spawn(name, script, args).success().await
     }
 }
 
@@ -149,10 +146,19 @@ fn build_venv(venv: &Path, requirements: &Path) {
     check(&mut create, "python3 -m venv");
     let mut install = Command::new(building.join("bin/python"));
     install
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
         .arg("-r")
         .arg(requirements);
-    check(&mut install, "pip install -r examples/python/requirements.txt");
+    check(
+        &mut install,
+        "pip install -r examples/python/requirements.txt",
+    );
     let _ = std::fs::remove_dir_all(venv);
     if std::fs::rename(&building, venv).is_err() {
         // Another test process got there first; its venv serves as well.
