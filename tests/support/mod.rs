@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod layout;
 pub mod load;
 pub mod policy;
+pub mod python;
 pub mod redis;
 pub mod scrape;
 pub mod tls;
@@ -58,8 +59,14 @@ impl Service {
     /// listener (unless disabled) on another free port, whatever
     /// `[http] listen` says.
     pub async fn start(config: Config) -> Service {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await;
+        Service::start_on(listener.expect("bind"), config).await
+    }
+
+    /// [`Service::start`] on `listener`: a test that binds a fixed address
+    /// can stop the service and start another where its clients point.
+    pub async fn start_on(listener: tokio::net::TcpListener, config: Config) -> Service {
         let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
-        let listener = bind().await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let http = match config.http.enabled {
             true => Some(bind().await.expect("bind http")),
