@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{Cursor, Delivery, Filter};
@@ -24,6 +24,8 @@ pub(super) struct Subscriber {
     pub position: Cursor,
     pub filter: Filter,
     pub tx: mpsc::Sender<Delivery>,
+    /// How many shard tails know where they start (see [`tail`]).
+    pub positioned: watch::Receiver<u16>,
 }
 
 impl Subscriber {
@@ -32,9 +34,16 @@ impl Subscriber {
         mut live: broadcast::Receiver<Arc<Batch>>,
         shutdown: CancellationToken,
     ) {
-        // The broadcast receiver exists before the catch-up reads, so every
-        // batch is either read back from Redis or received live (or both; the
+        // The broadcast receiver exists before the catch-up reads, and the
+        // reads start once every tail knows where it starts, so every batch
+        // is either read back from Redis or received live (or both; the
         // position drops the second copy).
+        let shards = self.position.0.len() as u16;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = self.tx.closed() => return,
+            ready = self.positioned.wait_for(|n| *n >= shards) => if ready.is_err() { return },
+        }
         let mut behind = true;
         loop {
             if behind {
@@ -117,10 +126,15 @@ impl Subscriber {
 }
 
 /// Tails one shard's stream on its own connection and publishes each batch.
+/// It starts after the stream's newest entry when its connection first comes
+/// up, and then counts itself in `positioned`: a batch flushed before that
+/// is never published, so live subscribers read back from Redis only once
+/// every tail has started.
 pub(super) async fn tail(
     store: Store,
     shard: u16,
     live: broadcast::Sender<Arc<Batch>>,
+    positioned: Arc<watch::Sender<u16>>,
     shutdown: CancellationToken,
 ) {
     let mut last: Option<StreamId> = None;
@@ -134,7 +148,11 @@ pub(super) async fn tail(
             };
             let after = match last {
                 Some(after) => after,
-                None => *last.insert(store.stream_heads().await?[usize::from(shard)]),
+                None => {
+                    let head = *last.insert(store.stream_heads().await?[usize::from(shard)]);
+                    positioned.send_modify(|n| *n += 1);
+                    head
+                }
             };
             store
                 .tail_batches(conn, shard, after, READ_COUNT, BLOCK)

@@ -24,7 +24,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -153,6 +153,8 @@ pub struct Durable {
 pub struct Hub {
     store: Store,
     live: broadcast::Sender<Arc<Batch>>,
+    /// How many shard tails know where they start.
+    positioned: watch::Receiver<u16>,
     buffer: usize,
     releases: Releases,
     tracker: TaskTracker,
@@ -168,12 +170,22 @@ impl Hub {
         shutdown: CancellationToken,
     ) -> Hub {
         let (live, _) = broadcast::channel(BROADCAST_CAPACITY);
+        let (started, positioned) = watch::channel(0);
+        let started = Arc::new(started);
         for shard in 0..store.keyspace().shards() {
-            tracker.spawn(tail(store.clone(), shard, live.clone(), shutdown.clone()));
+            let tail = tail(
+                store.clone(),
+                shard,
+                live.clone(),
+                started.clone(),
+                shutdown.clone(),
+            );
+            tracker.spawn(tail);
         }
         Hub {
             store,
             live,
+            positioned,
             buffer,
             releases: Releases::default(),
             tracker: tracker.clone(),
@@ -203,6 +215,7 @@ impl Hub {
             position: from,
             filter,
             tx,
+            positioned: self.positioned.clone(),
         };
         let task = subscriber.run(live, self.shutdown.clone());
         self.tracker
