@@ -2,6 +2,7 @@
 //! as a child process, and waiting for events with deadlines.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod cluster;
 pub mod layout;
 pub mod load;
@@ -58,8 +59,14 @@ impl Service {
     /// listener (unless disabled) on another free port, whatever
     /// `[http] listen` says.
     pub async fn start(config: Config) -> Service {
+        Service::start_at(config, SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// [`Service::start`] on `addr`: a test restarts a service on the port
+    /// the one before it used.
+    pub async fn start_at(config: Config, addr: SocketAddr) -> Service {
         let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
-        let listener = bind().await.expect("bind");
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let http = match config.http.enabled {
             true => Some(bind().await.expect("bind http")),
