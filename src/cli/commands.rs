@@ -96,10 +96,10 @@ fn read_payload(path: &Path) -> Result<Vec<u8>, CliError> {
 /// One line saying a batch was flushed.
 fn flushed(batch: &pb::Batch) -> std::io::Result<()> {
     line(&format!(
-        "flushed batch {} of {}: {} items, reason {}",
+        "flushed batch {} of {}: {}, reason {}",
         batch.id,
         batch.key,
-        batch.items.len(),
+        output::count_items(batch.items.len()),
         output::reason(batch.reason)
     ))
 }

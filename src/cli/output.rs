@@ -138,22 +138,38 @@ fn items(size: u32, max: u32) -> String {
     format!("{size}/{max}")
 }
 
-/// The open groups of a `list` page.
+/// The open groups of a `list` page. The MEASURES column shows only when
+/// some group carries measure sums.
 pub fn groups(groups: &[pb::Group]) -> String {
-    let headers = ["KEY", "ITEMS", "BYTES", "MEASURES", "OPENED", "DUE", "BY"];
+    let with_measures = groups.iter().any(|g| !g.measures.is_empty());
+    let mut headers = vec!["KEY", "ITEMS", "BYTES", "OPENED", "DUE", "BY"];
+    if with_measures {
+        headers.insert(3, "MEASURES");
+    }
     let mut table = Table::new(&headers);
     for g in groups {
-        table.row(vec![
+        let mut row = vec![
             g.key.clone(),
             items(g.size, g.max_items),
             g.bytes.to_string(),
-            measures(&g.measures, &g.capacity),
             time(g.opened_at.as_ref()),
             due_in(g.due_at.as_ref()),
             reason(g.due_reason),
-        ]);
+        ];
+        if with_measures {
+            row.insert(3, measures(&g.measures, &g.capacity));
+        }
+        table.row(row);
     }
     table.render()
+}
+
+/// "1 item", "3 items".
+pub fn count_items(n: usize) -> String {
+    match n {
+        1 => "1 item".into(),
+        n => format!("{n} items"),
+    }
 }
 
 /// One open group with its items, for `get`.
@@ -216,11 +232,11 @@ pub fn batch_line(b: &pb::Batch) -> String {
         ids.push_str(&format!(" +{} more", b.items.len() - TAIL_IDS));
     }
     let mut text = format!(
-        "{}  {:<12}  {:<8}  {:>4} items  {}  {ids}",
+        "{}  {:<12}  {:<8}  {:>9}  {}  {ids}",
         time(b.flushed_at.as_ref()),
         b.key,
         reason(b.reason),
-        b.items.len(),
+        count_items(b.items.len()),
         b.id,
     );
     if b.delivery_count > 1 {
