@@ -35,9 +35,12 @@
 //! - `json`: the protobuf JSON mapping of the API's messages (CLI, web view).
 //! - `http`: the HTTP listener: `GET /metrics`.
 //! - `server`: wires it all together and serves until shutdown.
+//! - `cli`: the operator CLI (`batcher add`, `tail`, `list`, ...): a gRPC
+//!   client of the service, printing tables or JSON lines.
 
 pub mod auth;
 pub mod batch;
+pub mod cli;
 pub mod config;
 pub mod embedded;
 pub mod http;

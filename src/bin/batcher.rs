@@ -1,5 +1,6 @@
-//! The `batcher` binary: parses arguments, reads the config, sets up the
-//! logs, binds the listeners and runs the server.
+//! The `batcher` binary: `serve` parses its arguments, reads the config,
+//! sets up the logs, binds the listeners and runs the server; every other
+//! subcommand is the operator CLI (`batcher::cli`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,15 +34,20 @@ enum Command {
         #[arg(long)]
         http_listen: Option<SocketAddr>,
     },
+    #[command(flatten)]
+    Client(Box<batcher::cli::Command>),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let Command::Serve {
-        config: path,
-        listen,
-        http_listen,
-    } = Args::parse().command;
+    let (path, listen, http_listen) = match Args::parse().command {
+        Command::Serve {
+            config,
+            listen,
+            http_listen,
+        } => (config, listen, http_listen),
+        Command::Client(command) => return batcher::cli::run(*command).await,
+    };
     let mut config = match &path {
         Some(path) => match Config::load(path) {
             Ok(config) => config,

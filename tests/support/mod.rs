@@ -2,6 +2,7 @@
 //! as a child process, and waiting for events with deadlines.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod cluster;
 pub mod layout;
 pub mod load;
@@ -61,6 +62,13 @@ impl Service {
     pub async fn start(config: Config) -> Service {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await;
         Service::start_on(listener.expect("bind"), config).await
+    }
+
+    /// [`Service::start`] on `addr`: a test restarts a service on the port
+    /// the one before it used.
+    pub async fn start_at(config: Config, addr: SocketAddr) -> Service {
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
+        Service::start_on(listener, config).await
     }
 
     /// [`Service::start`] on `listener`: a test that binds a fixed address
