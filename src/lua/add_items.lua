@@ -72,13 +72,18 @@ for g = 1, ngroups do
   if cap == '' then
     caps[g] = false
   else
-    -- Groups of one policy share its capacity's table.
+    -- Groups of one policy share its capacity's table: {limits, names, the
+    -- sums' hash field, an item's values' struct layout, where an item's
+    -- ext starts after them, the sums' struct layout, name -> position}.
+    -- Sums and limits are arrays in the order of the names.
     caps[g] = capacities[cap]
     if not caps[g] then
-      local limits, names = parse_sums(cap)
-      local fields = {}
-      for k = 1, #names do fields[k] = '+' .. names[k] end
-      caps[g] = { limits, names, fields, '<' .. string.rep('d', #names + 1), 8 * (#names + 1) + 1 }
+      local by_name, names = parse_sums(cap)
+      local limits, index = {}, {}
+      for k = 1, #names do limits[k], index[names[k]] = by_name[names[k]], k end
+      caps[g] = { limits, names, '=' .. table.concat(names, ';'),
+        '<' .. string.rep('d', #names + 1), 8 * (#names + 1) + 1,
+        '<' .. string.rep('d', #names), index }
       capacities[cap] = caps[g]
     end
   end
@@ -128,18 +133,18 @@ end
 
 -- Adds an item's measures to group g's sums of its capacity measures.
 local function add_measures(g, measures)
-  local s = sums[g]
+  local s, index = sums[g], caps[g][7]
   for k = 1, #measures, 2 do
-    local m = measures[k]
-    if s[m] then s[m], sums_dirty[g] = s[m] + measures[k + 1], true end
+    local m = index[measures[k]]
+    if m then s[m], sums_dirty[g] = s[m] + measures[k + 1], true end
   end
 end
 
 -- Adds an item's values (see the arguments) to group g's sums.
 local function add_values(g, values)
-  local s, names = sums[g], caps[g][2]
-  for k = 1, #names do
-    s[names[k]] = s[names[k]] + values[k + 1]
+  local s = sums[g]
+  for k = 1, #caps[g][2] do
+    s[k] = s[k] + values[k + 1]
   end
   sums_dirty[g] = true
 end
@@ -147,8 +152,8 @@ end
 -- Group g's sums of its capacity measures, from its items (for a group
 -- opened before a reload named a new capacity measure).
 local function sum_items(g)
-  local s, names = {}, caps[g][2]
-  for k = 1, #names do s[names[k]] = 0 end
+  local s = {}
+  for k = 1, #caps[g][2] do s[k] = 0 end
   sums[g], sums_dirty[g] = s, true
   local seen, list = {}, false
   if stored[g] > 0 then
@@ -196,12 +201,14 @@ local function rearm(g)
   end
 end
 
--- Opens group g now, with the due rules the call brought for it.
+-- Opens group g now, with the due rules the call brought for it. Groups of
+-- one policy share the parsed rules (max_idle, cutoff, lead, max_age).
+local opening = {}
 local function open_group(g)
   opened[g], reopened[g] = ctx.now_s, true
   if caps[g] then
-    local s, names = {}, caps[g][2]
-    for k = 1, #names do s[names[k]] = 0 end
+    local s = {}
+    for k = 1, #caps[g][2] do s[k] = 0 end
     sums[g], sums_dirty[g] = s, true
   end
   local r = open_rules[g]
@@ -209,11 +216,15 @@ local function open_group(g)
     rules[g], xs[g] = false, ''
     set_due(g, now + max_wait[g], REASON.TIMEOUT)
   else
-    local i, c1, c2, lead, a = string.match(r, '^(%d+),(%d+),(%d+),(%d+),(%d+)$')
-    c1, c2 = tonumber(c1), tonumber(c2)
-    local c = c1
-    if c1 <= now then c = c2 end
-    rules[g] = { max_wait[g], tonumber(i), c, tonumber(lead), tonumber(a), 0, now }
+    local o = opening[r]
+    if not o then
+      local i, c1, c2, lead, a = string.match(r, '^(%d+),(%d+),(%d+),(%d+),(%d+)$')
+      c1, c2 = tonumber(c1), tonumber(c2)
+      if c1 <= now then c1 = c2 end
+      o = { tonumber(i), c1, tonumber(lead), tonumber(a) }
+      opening[r] = o
+    end
+    rules[g] = { max_wait[g], o[1], o[2], o[3], o[4], 0, now }
     rules_dirty[g], due_at[g] = true, 0
   end
 end
@@ -224,15 +235,14 @@ end
 local function over_capacity(g, values, after)
   local cap = caps[g]
   if not cap then return false end
-  local limits, names, s = cap[1], cap[2], sums[g]
-  for k = 1, #names do
-    local m = names[k]
-    local total = s[m]
+  local limits, s = cap[1], sums[g]
+  for k = 1, #limits do
+    local total = s[k]
     if after then
-      if total >= limits[m] then return true end
+      if total >= limits[k] then return true end
     else
       if values then total = total + values[k + 1] end
-      if total > limits[m] then return true end
+      if total > limits[k] then return true end
     end
   end
   return false
@@ -264,8 +274,8 @@ local function flush_open(g, reason, batches)
   if from > #list then return batches end
   -- The rest stays open, as it was: its sums and earliest deadline anew.
   if caps[g] then
-    local s, names = {}, caps[g][2]
-    for k = 1, #names do s[names[k]] = 0 end
+    local s = {}
+    for k = 1, #caps[g][2] do s[k] = 0 end
     sums[g], sums_dirty[g] = s, true
   end
   if rules[g] then rules[g][6], rules_dirty[g] = 0, true end
@@ -297,10 +307,7 @@ for g = 1, ngroups do
   local fields, values
   fields = { 'n', 'b', 's', 'x', 'd' }
   local names = caps[g] and caps[g][2]
-  if names then
-    local plus = caps[g][3]
-    for k = 1, #names do fields[5 + k] = plus[k] end
-  end
+  if names then fields[6] = caps[g][3] end
   local k = #fields
   while i do
     fields[#fields + 1] = ':' .. ids[i]
@@ -322,15 +329,9 @@ for g = 1, ngroups do
     xs[g], due_at[g] = values[4] or '', tonumber(values[5])
     if xs[g] ~= '' then
       rules[g] = parse_rules(xs[g])
-      opened[g] = format('%d', rules[g][7])
     end
     if names then
-      local s = {}
-      for j = 1, #names do s[names[j]] = tonumber(values[5 + j]) end
-      sums[g] = s
-      for j = 1, #names do
-        if not s[names[j]] then sum_items(g) break end
-      end
+      if values[6] then sums[g] = { struct.unpack(caps[g][6], values[6]) } else sum_items(g) end
     end
   end
   i = first_arrival[g]
@@ -419,7 +420,7 @@ for g = 1, ngroups do
   if size[g] == 0 then
     if indexed[g] then call('ZREM', ctx.due, name[g]) end
   elseif first_pending[g] then
-    local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', format('%d', seq[g]), 'l', ctx.now_s }
+    local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', dec(seq[g]), 'l', ctx.now_s }
     local whole = stored[g] == 0
     if whole then
       args[#args + 1], args[#args + 2] = 'o', opened[g]
@@ -435,10 +436,7 @@ for g = 1, ngroups do
       args[#args + 1], args[#args + 2] = 'x', xs[g]
     end
     if sums_dirty[g] then
-      local s, names = sums[g], caps[g][2]
-      for j = 1, #names do
-        args[#args + 1], args[#args + 2] = caps[g][3][j], format('%d', s[names[j]])
-      end
+      args[#args + 1], args[#args + 2] = caps[g][3], struct.pack(caps[g][6], unpack(sums[g], 1, #caps[g][2]))
     end
     i = first_pending[g]
     while i do

@@ -14,7 +14,11 @@
 --       in ms (0 = none): max_wait, max_idle, the cutoff, deadline_lead,
 --       max_age, the earliest item deadline, and opened-at again, so that
 --       one field holds all a rule needs and reads without parsing text
---   '+' .. name = the sum of a capacity measure over the items
+--   '=' .. the capacity's measure names joined by ';' (in the capacity's
+--       order) = their sums over the items, as little-endian doubles, one
+--       per name (struct '<d...'), so that the add script reads and writes
+--       them as one field without parsing text; a reload that renames the
+--       measures leaves the old field behind, unread
 --   ':' .. item_id = seq .. ',' .. payload, or seq .. ';' .. ext .. ',' .. payload
 -- An item's ext holds what it carries besides its payload, as ';'-separated
 -- fields: 'r' .. requeue count, 't' .. deadline (ms), 'm' .. name .. '=' .. value.

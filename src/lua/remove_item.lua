@@ -7,6 +7,8 @@
 -- ARGV[1]: the group's key
 -- ARGV[2]: the item id
 -- ARGV[3]: min_items in force for the key (0 = none)
+-- ARGV[4]: the field of the group's capacity sums for the capacity in force
+--   for the key ('=' .. its names joined by ';', see batch_lib), or ''
 -- Returns: {removed (1 or 0), group size after}
 
 local due_key, gkey = KEYS[1], KEYS[2]
@@ -31,12 +33,22 @@ end
 if ext == '' then return { 1, size } end
 
 local deadline, measures = parse_ext(ext)
-if measures then
-  for k = 1, #measures, 2 do
-    local field = '+' .. measures[k]
-    if call('HEXISTS', gkey, field) == 1 then
-      call('HINCRBY', gkey, field, 0 - measures[k + 1])
+local sums_field = ARGV[4]
+if measures and sums_field ~= '' then
+  local packed = call('HGET', gkey, sums_field)
+  if packed then
+    local index, count = {}, 0
+    for name in string.gmatch(sub(sums_field, 2), '[^;]+') do
+      count = count + 1
+      index[name] = count
     end
+    local layout = '<' .. string.rep('d', count)
+    local sums = { struct.unpack(layout, packed) }
+    for k = 1, #measures, 2 do
+      local at = index[measures[k]]
+      if at then sums[at] = sums[at] - measures[k + 1] end
+    end
+    call('HSET', gkey, sums_field, struct.pack(layout, unpack(sums, 1, count)))
   end
 end
 local meta = call('HMGET', gkey, 'l', 'x')

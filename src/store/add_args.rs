@@ -163,6 +163,13 @@ pub(crate) fn sums<'m>(measures: impl Iterator<Item = (&'m String, &'m u64)>) ->
     parts.join(";")
 }
 
+/// The group hash field that holds the sums of `capacity`'s measures: `=`
+/// then their names joined by `;`, in the order the add script keeps them.
+pub(crate) fn sums_field(capacity: &BTreeMap<String, u64>) -> String {
+    let names: Vec<&str> = capacity.keys().map(String::as_str).collect();
+    format!("={}", names.join(";"))
+}
+
 /// An item's last add-script argument: `""` for an item with nothing but
 /// an id and a payload; else its values as little-endian doubles (its
 /// deadline or 0, then its measure, or 0, for each name of the group's

@@ -198,7 +198,7 @@ impl FromRedisValue for GroupHash {
 
 /// A group's metadata fields, without its items: `n`, `b`, `o`, `d`, and
 /// (from groups written since they exist) `r`, `l`, `x` and the capacity
-/// measures' sums `+<name>`.
+/// measures' sums `=<name>;<name>`.
 pub(super) fn group_meta(
     meta: &HashMap<Vec<u8>, Vec<u8>>,
 ) -> Result<(Group, Option<Rules>), ParsingError> {
@@ -232,17 +232,28 @@ pub(super) fn group_meta(
         max_wait: Duration::from_millis(max_wait_ms),
         measures: meta
             .iter()
-            .filter_map(|(field, value)| {
-                let name = field.strip_prefix(b"+")?;
-                Some(Ok((
-                    String::from_utf8_lossy(name).into_owned(),
-                    parse_u64(value).ok()?,
-                )))
-            })
-            .collect::<Result<_, ParsingError>>()?,
+            .filter_map(|(field, value)| capacity_sums(field, value))
+            .flatten()
+            .collect(),
         items: Vec::new(),
     };
     Ok((group, rules))
+}
+
+/// The capacity measures' sums a group hash field holds, when it is one:
+/// the field is `=` then the names joined by `;`, its value one
+/// little-endian double per name (see `src/lua/batch_lib.lua`).
+fn capacity_sums(field: &[u8], value: &[u8]) -> Option<Vec<(String, u64)>> {
+    let names = std::str::from_utf8(field.strip_prefix(b"=")?).ok()?;
+    if value.len() != 8 * names.split(';').count() {
+        return None;
+    }
+    let sums = names.split(';').zip(value.chunks_exact(8));
+    let sum = |bytes: &[u8]| f64::from_le_bytes(bytes.try_into().unwrap_or_default()) as u64;
+    Some(
+        sums.map(|(name, bytes)| (name.to_string(), sum(bytes)))
+            .collect(),
+    )
 }
 
 /// A group's due rules (its `x` field): max_wait, max_idle, the cutoff,

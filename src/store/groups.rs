@@ -6,6 +6,7 @@ use redis::AsyncCommands;
 
 use std::collections::HashMap;
 
+use super::add_args::sums_field;
 use super::decode::{GroupHash, Rules, ScriptBatch, group_meta};
 use super::{Result, Store, StoreError};
 use crate::batch::{Batch, DecodeError, FlushReason, Group};
@@ -36,14 +37,19 @@ impl Store {
         let shard = self.keys.shard_of(key);
         let shard_keys = self.keys.shard(shard);
         let group = self.keys.group(shard, key);
-        let min_items = self.policies.resolve(key).min_items;
+        let policy = self.policies.resolve(key);
+        let sums = match policy.capacity.is_empty() {
+            true => String::new(),
+            false => sums_field(&policy.capacity),
+        };
         self.run_script(
             &scripts::REMOVE_ITEM,
             &[&shard_keys.due, &group],
             vec![
                 key.as_bytes().to_vec(),
                 id.to_vec(),
-                min_items.to_string().into_bytes(),
+                policy.min_items.to_string().into_bytes(),
+                sums.into_bytes(),
             ],
         )
         .await
@@ -189,7 +195,9 @@ impl Store {
                 .to_vec();
             let policy = policies.resolve(key);
             let min_items = policy.min_items;
-            fields.extend(policy.capacity.keys().map(|m| format!("+{m}")));
+            if !policy.capacity.is_empty() {
+                fields.push(sums_field(&policy.capacity));
+            }
             async move {
                 let mut conn = self.conn.clone();
                 let values: Vec<Option<Vec<u8>>> =
