@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use serde_json::Value;
 use support::cli::{Tail, at, json_lines, ok};
-use support::{RedisServer, Service, config, eventually, wait_for_calls};
+use support::{RedisServer, Service, config, eventually};
 
 /// One item per batch, and an ack timeout (and delivery limit) as given.
 fn one_per_batch(ack_timeout: &str, max_deliveries: u32) -> String {
@@ -23,19 +23,15 @@ fn one_per_batch(ack_timeout: &str, max_deliveries: u32) -> String {
 /// An ack timeout no test outlives: nothing is redelivered by timeout.
 const PATIENT: &str = "1h";
 
-/// Starts the service on `addr` (port 0: a free one), and waits until each
-/// of the 4 shards' stream tails has read once. Until a tail has read where
-/// its stream ends, a live subscriber that has caught up can miss a batch
-/// flushed in between (a window at the service's start).
+/// Starts the service on `addr` (port 0: a free one). Nothing waits for its
+/// shard tails: a live subscriber that connects at once must still get every
+/// batch flushed after it subscribed.
 async fn start(redis: &RedisServer, extra: &str, addr: Option<SocketAddr>) -> Service {
     let config = config(&redis.url(), extra);
-    let xreads = wait_for_calls(redis, &["xread"], 4);
-    let service = match addr {
+    match addr {
         Some(addr) => Service::start_at(config, addr).await,
         None => Service::start(config).await,
-    };
-    xreads.await;
-    service
+    }
 }
 
 /// Adds item `id` under `key` with the CLI; with max_items = 1 it flushes.

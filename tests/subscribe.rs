@@ -253,3 +253,39 @@ async fn cursor_survives_trimming() {
     assert_eq!(id_of(&next_batch(&mut resumed).await), 3);
     service.stop().await;
 }
+
+/// A live subscriber that connects while the shard tails cannot reach Redis
+/// yet still gets a batch flushed before they start.
+#[tokio::test]
+async fn nothing_is_missed_while_the_tails_start() {
+    let redis = RedisServer::start();
+    let mut admin = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    // This connection and the service's main one; the tails' own
+    // connections are refused until the limit is raised.
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxclients", "2"])
+        .query(&mut admin)
+        .unwrap();
+    let service = Service::start(config(&redis.url(), ONE_ITEM_BATCHES)).await;
+    let mut client = service.client().await;
+    let mut stream = client
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    flush_n(&mut client, "early", 0, 1).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxclients", "1000"])
+        .query(&mut admin)
+        .unwrap();
+    flush_n(&mut client, "late", 1, 1).await;
+    let keys = [
+        next_batch(&mut stream).await.key,
+        next_batch(&mut stream).await.key,
+    ];
+    assert_eq!(keys, ["early", "late"]);
+    service.stop().await;
+}
