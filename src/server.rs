@@ -58,8 +58,8 @@ struct Edge {
 }
 
 /// Serves the batcher API on `listener` until `shutdown` is cancelled, and
-/// `GET /metrics` and the web view on `http` (the listener of `[http]`, which the caller
-/// binds, as with `crate::http::bind`; None serves no HTTP).
+/// `GET /metrics` and the web view on `http` (the listener of `[http]`,
+/// which the caller binds, as with `crate::http::bind`; None serves no HTTP).
 ///
 /// With no Redis URL in `config`, it first starts its own `redis-server`
 /// (see `embedded`) and stops it on the way out. `reload_from` names the

@@ -112,6 +112,18 @@ impl Events {
         }
     }
 
+    /// Waits until the server ends the stream.
+    async fn ended(&mut self) {
+        loop {
+            let chunk = tokio::time::timeout(DEADLINE, self.response.chunk())
+                .await
+                .expect("the event stream did not end within the deadline");
+            if !matches!(chunk, Ok(Some(_))) {
+                return;
+            }
+        }
+    }
+
     /// The next batch event: its id and its data.
     async fn batch(&mut self) -> (String, Value) {
         let mut id = String::new();
@@ -191,7 +203,7 @@ async fn groups_are_listed_by_page_and_prefix() {
 
 /// `GET /api/batches` streams each flushed batch under its prefix as one
 /// `data:` line in the JSON mapping, with its cursor as the event id, and
-/// leaves out other keys.
+/// leaves out other keys; the service's shutdown ends the stream.
 #[tokio::test]
 async fn batches_stream_as_server_sent_events() {
     let redis = RedisServer::start();
@@ -212,13 +224,32 @@ async fn batches_stream_as_server_sent_events() {
     assert_eq!(batch["items"][0]["id"], "p1");
     assert_eq!(batch["items"][1]["id"], "p2");
     assert_eq!(batch["cursor"], id.as_str());
-    drop(events);
+    // Shutdown ends the stream instead of waiting on it.
     service.stop().await;
+    events.ended().await;
 }
 
-/// The hex SHA-256 of `secret`.
-fn sha256(secret: &str) -> String {
-    format!("{:x}", Sha256::digest(secret.as_bytes()))
+/// The tokens of the auth tests: (name = secret, roles, key prefixes).
+const TOKENS: [(&str, &str, &str); 4] = [
+    ("admin", "\"admin\"", ""),
+    ("reader", "\"read\"", ""),
+    ("producer", "\"produce\"", ""),
+    ("berlin", "\"read\", \"produce\"", "\"berlin-\""),
+];
+
+/// A config over `redis` with POLICIES and the `[[auth.tokens]]` of TOKENS.
+fn auth_config(redis: &RedisServer) -> batcher::config::Config {
+    let auth: String = TOKENS
+        .iter()
+        .map(|(name, roles, prefixes)| {
+            let sha256 = format!("{:x}", Sha256::digest(name.as_bytes()));
+            format!(
+                "[[auth.tokens]]\nname = \"{name}\"\nsha256 = \"{sha256}\"\n\
+                 roles = [{roles}]\nkey_prefixes = [{prefixes}]\n"
+            )
+        })
+        .collect();
+    config(&redis.url(), &format!("{POLICIES}\n{auth}"))
 }
 
 /// With `[auth]` the API needs a token with the `read` role, from the
@@ -228,22 +259,7 @@ fn sha256(secret: &str) -> String {
 #[tokio::test]
 async fn the_api_needs_a_read_token_when_auth_is_on() {
     let redis = RedisServer::start();
-    let tokens = [
-        ("reader", "\"read\"", ""),
-        ("producer", "\"produce\"", ""),
-        ("berlin", "\"read\", \"produce\"", "\"berlin-\""),
-    ];
-    let auth: String = tokens
-        .iter()
-        .map(|(name, roles, prefixes)| {
-            format!(
-                "[[auth.tokens]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [{roles}]\n\
-                 key_prefixes = [{prefixes}]\n",
-                sha256(name)
-            )
-        })
-        .collect();
-    let service = Service::start(config(&redis.url(), &format!("{POLICIES}\n{auth}"))).await;
+    let service = Service::start(auth_config(&redis)).await;
     let http = service.http_addr.expect("an http listener");
 
     let (status, body) = get(http, "/api/groups", None).await;
@@ -280,6 +296,9 @@ async fn the_api_needs_a_read_token_when_auth_is_on() {
     assert_eq!(refused.status(), 401);
     assert_eq!(refused.headers()["www-authenticate"], "Bearer");
     Events::open(http, "/api/batches?token=reader").await;
+    let scoped = "/api/batches?token=berlin&prefix=paris-";
+    let refused = http_client().get(format!("http://{http}{scoped}")).send();
+    assert_eq!(refused.await.unwrap().status(), 403);
 
     for (path, kind) in [
         ("/", "text/html"),
@@ -424,6 +443,54 @@ async fn the_page_shows_groups_filling_and_batches_flushing_live() {
     let path = screenshot_path();
     browser.screenshot(&path).await;
     assert!(std::fs::metadata(&path).expect("the screenshot").len() > 10_000);
+    drop(browser);
+    service.stop().await;
+}
+
+/// `message` as a call with the admin token.
+fn as_admin<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let token = tonic::metadata::MetadataValue::from_static("Bearer admin");
+    request.metadata_mut().insert("authorization", token);
+    request
+}
+
+/// With `[auth]` the page asks for a token when the API answers 401, and
+/// with a `read` token it shows the groups and the batches live.
+#[tokio::test]
+async fn the_page_asks_for_a_token_when_auth_is_on() {
+    let redis = RedisServer::start();
+    let config = auth_config(&redis);
+    let service = Service::start(config).await;
+    let http = service.http_addr.expect("an http listener");
+    let mut client = service.client().await;
+    for key in ["berlin-1", "berlin-2"] {
+        client
+            .add(as_admin(add(key, "p1", b"parcel")))
+            .await
+            .unwrap();
+    }
+
+    let mut browser = Browser::launch(1200, 800).await;
+    browser.goto(&format!("http://{http}/")).await;
+    let asked = "!document.getElementById('login').hidden";
+    browser.wait_for("the page to ask for a token", asked).await;
+    let submit = "document.getElementById('token').value = 'reader'; \
+                  document.getElementById('login').requestSubmit(); true";
+    browser.eval(submit).await;
+    browser
+        .wait_for("the 2 group rows", &format!("{ROWS} === 2"))
+        .await;
+    let live = "document.body.dataset.feed === 'live'";
+    browser.wait_for("the live feed", live).await;
+    let flush = pb::FlushRequest {
+        key: "berlin-2".into(),
+    };
+    client.flush(as_admin(flush)).await.expect("flush");
+    let entry = shown("#feed li[data-key='berlin-2'].reason-manual");
+    browser
+        .wait_for("berlin-2's batch in the feed", &entry)
+        .await;
     drop(browser);
     service.stop().await;
 }

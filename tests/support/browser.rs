@@ -102,8 +102,15 @@ impl Browser {
         self.process.log()
     }
 
-    /// Sends one DevTools command and returns its result.
+    /// Sends one DevTools command and returns its result; panics on an error.
     pub async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.try_call(method, params)
+            .await
+            .unwrap_or_else(|error| panic!("{method} failed: {error}"))
+    }
+
+    /// Sends one DevTools command and returns its result, or its error.
+    async fn try_call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         let id = self.next_id;
         self.next_id += 1;
         let command = json!({"id": id, "method": method, "params": params});
@@ -120,43 +127,53 @@ impl Browser {
             let Message::Text(text) = message else {
                 continue;
             };
-            let reply: Value = serde_json::from_str(&text).expect("DevTools sends JSON");
+            let mut reply: Value = serde_json::from_str(&text).expect("DevTools sends JSON");
             if reply["id"] != id {
                 continue; // an event
             }
-            if let Some(error) = reply.get("error") {
-                panic!("{method} failed: {error}");
-            }
-            return reply["result"].clone();
+            return match reply.get("error") {
+                Some(error) => Err(error.clone()),
+                None => Ok(reply["result"].take()),
+            };
         }
     }
 
-    /// Opens `url` in the page.
+    /// Opens `url` in the page, and waits until its document has loaded.
     pub async fn goto(&mut self, url: &str) {
         let result = self.call("Page.navigate", json!({"url": url})).await;
         assert!(
             result.get("errorText").is_none(),
             "navigate to {url}: {result}"
         );
+        let loaded = format!("location.href === {url:?} && document.readyState === 'complete'");
+        self.wait_for(&format!("{url} to load"), &loaded).await;
     }
 
     /// The value of `expression` (awaited when it is a promise); panics on an
     /// exception, with its text.
     pub async fn eval(&mut self, expression: &str) -> Value {
+        self.try_eval(expression)
+            .await
+            .unwrap_or_else(|error| panic!("{expression}\nthrew: {error}"))
+    }
+
+    /// The value of `expression`, or the exception or error it met.
+    async fn try_eval(&mut self, expression: &str) -> Result<Value, Value> {
         let params = json!({"expression": expression, "returnByValue": true, "awaitPromise": true});
-        let result = self.call("Runtime.evaluate", params).await;
-        if let Some(exception) = result.get("exceptionDetails") {
-            panic!("{expression}\nthrew: {exception}");
+        let mut result = self.try_call("Runtime.evaluate", params).await?;
+        match result.get("exceptionDetails") {
+            Some(exception) => Err(exception.clone()),
+            None => Ok(result["result"]["value"].take()),
         }
-        result["result"]["value"].clone()
     }
 
     /// Waits until `expression` is truthy (not null, false, 0 or ""), and
-    /// returns it; after DEADLINE panics with the page's text.
+    /// returns it; an exception (while a page loads, say) counts as not yet.
+    /// After DEADLINE it panics with the page's text.
     pub async fn wait_for(&mut self, what: &str, expression: &str) -> Value {
         let start = Instant::now();
         loop {
-            let value = self.eval(expression).await;
+            let value = self.try_eval(expression).await.unwrap_or(Value::Null);
             let falsy = matches!(&value, Value::Null | Value::Bool(false))
                 || value == json!(0)
                 || value == json!("");
@@ -164,8 +181,8 @@ impl Browser {
                 return value;
             }
             if start.elapsed() > DEADLINE {
-                let text = self.eval("document.body.innerText").await;
-                panic!("timed out waiting for {what}; the page reads:\n{text}");
+                let text = self.try_eval("document.body.innerText").await;
+                panic!("timed out waiting for {what}; the page reads:\n{text:?}");
             }
             tokio::time::sleep(POLL).await;
         }
