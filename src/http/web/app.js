@@ -8,6 +8,7 @@
 
 const REFRESH_MS = 2000;
 const FEED_MAX = 50;
+const MAX_CALLS_PER_PAGE = 50;
 const TOKEN_KEY = "batcher.token";
 const REASON_PREFIX = "FLUSH_REASON_";
 
@@ -68,14 +69,10 @@ async function refresh() {
   clearTimeout(state.timer);
   const generation = state.generation;
   try {
-    const reply = await api("api/groups", {
-      prefix: state.prefix,
-      page_size: state.pageSize,
-      page_token: state.tokens[state.page],
-    });
+    const page = await fetchPage(state.tokens[state.page]);
     if (generation !== state.generation) return;
-    state.next = reply.nextPageToken || "";
-    showGroups(reply.groups || []);
+    state.next = page.next;
+    showGroups(page.groups);
     notice("");
     startFeed();
   } catch (error) {
@@ -87,6 +84,29 @@ async function refresh() {
     notice(`Cannot list the groups: ${error.message}`);
   }
   state.timer = setTimeout(refresh, REFRESH_MS);
+}
+
+/**
+ * One page of groups from `pageToken`. A reply may hold fewer groups than
+ * asked even when more follow (the service scans a bounded stretch of the
+ * due order per call, so a rare prefix among many groups comes back in
+ * short or empty pages): follow the tokens, a bounded number of calls, until
+ * the page is full or the listing ends.
+ */
+async function fetchPage(pageToken) {
+  const groups = [];
+  let token = pageToken;
+  for (let calls = 0; calls < MAX_CALLS_PER_PAGE; calls += 1) {
+    const reply = await api("api/groups", {
+      prefix: state.prefix,
+      page_size: state.pageSize - groups.length,
+      page_token: token,
+    });
+    groups.push(...(reply.groups || []));
+    token = reply.nextPageToken || "";
+    if (!token || groups.length >= state.pageSize) break;
+  }
+  return { groups, next: token };
 }
 
 /** Starts again from the first page (after a change of filter or size). */
@@ -101,7 +121,11 @@ function showGroups(groups) {
   const rows = groups.map(groupRow);
   if (rows.length === 0) {
     const row = el("tr", "empty");
-    const cell = el("td", "", state.prefix ? `No open group under “${state.prefix}”.` : "No open group.");
+    const where = state.prefix ? ` under “${state.prefix}”` : "";
+    const text = state.next
+      ? `No open group${where} in this stretch of the list; Next looks further.`
+      : `No open group${where}.`;
+    const cell = el("td", "", text);
     cell.colSpan = 6;
     row.append(cell);
     rows.push(row);
