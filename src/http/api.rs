@@ -7,9 +7,15 @@
 //! - `GET /api/batches?prefix=`: a live Subscribe as Server-Sent Events, one
 //!   `data:` line per batch (its `Batch` in the JSON mapping), the batch's
 //!   cursor as the event id (a reconnecting `EventSource` sends it back as
-//!   `Last-Event-ID` and misses nothing still retained), and keep-alives.
+//!   `Last-Event-ID` and misses nothing still retained; a cursor trimmed
+//!   meanwhile resumes from now), and keep-alives. A failed subscription
+//!   sends an `error` event with the JSON error body and ends the stream;
+//!   so does the service's shutdown.
 //!
-//! The token is read from `authorization: Bearer <token>` or, because an
+//! With `[auth]`, both need a token with the `read` role (or `admin`): the
+//! feed only watches, it never acks, so it needs no `consume`. The token's
+//! key prefixes narrow both, as they narrow ListGroups and Subscribe. The
+//! token is read from `authorization: Bearer <token>` or, because an
 //! `EventSource` cannot set headers, from a `token` query parameter. A
 //! refusal is the gRPC status mapped to its HTTP status (Google's HTTP
 //! mapping of `google.rpc.Code`, with 400 for CANCELLED's unofficial 499)
