@@ -94,8 +94,12 @@ impl Auth {
     }
 
     /// The caller of `method` with `authorization` header value, or why it
-    /// is refused. `None` when auth is off.
-    fn check(&self, method: &str, authorization: Option<&[u8]>) -> Result<Option<Caller>, Error> {
+    /// is refused. `None` when auth is off. The web view's API calls it too.
+    pub fn check(
+        &self,
+        method: &str,
+        authorization: Option<&[u8]>,
+    ) -> Result<Option<Caller>, Error> {
         let tokens = self.tokens.load();
         let Some(tokens) = tokens.as_ref() else {
             return Ok(None);

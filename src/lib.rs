@@ -33,7 +33,9 @@
 //! - `metrics`: the Prometheus families, their recorder and recording
 //!   helpers, the gRPC call counter and the gauges refreshed from Redis.
 //! - `json`: the protobuf JSON mapping of the API's messages (CLI, web view).
-//! - `http`: the HTTP listener: `GET /metrics`.
+//! - `http`: the HTTP listener: `GET /metrics`, the live web view at `/`
+//!   (assets compiled in) and its JSON API (groups by page, batches as
+//!   Server-Sent Events), served through the gRPC service and its token checks.
 //! - `server`: wires it all together and serves until shutdown.
 //! - `cli`: the operator CLI (`batcher add`, `tail`, `list`, ...): a gRPC
 //!   client of the service, printing tables or JSON lines.

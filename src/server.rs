@@ -58,8 +58,8 @@ struct Edge {
 }
 
 /// Serves the batcher API on `listener` until `shutdown` is cancelled, and
-/// `GET /metrics` on `http` (the listener of `[http]`, which the caller
-/// binds, as with `crate::http::bind`; None serves no HTTP).
+/// `GET /metrics` and the web view on `http` (the listener of `[http]`,
+/// which the caller binds, as with `crate::http::bind`; None serves no HTTP).
 ///
 /// With no Redis URL in `config`, it first starts its own `redis-server`
 /// (see `embedded`) and stops it on the way out. `reload_from` names the
@@ -129,9 +129,15 @@ async fn serve(
     let tasks = CancellationToken::new();
     let tracker = TaskTracker::new();
     let service = start_service(store.clone(), config, reload_from, &edge, &tracker, &tasks);
+    let web_api = crate::http::Api {
+        service: service.clone(),
+        auth: edge.auth.clone(),
+        deadline: config.redis.response_timeout,
+        shutdown: tasks.clone(),
+    };
     let router = routes(service, store.clone(), &edge.auth, config, &tracker, &tasks)?;
     if let Some(http) = http {
-        let routes = crate::http::routes();
+        let routes = crate::http::routes(web_api);
         tracker.spawn(crate::http::serve(http, routes, tasks.clone()));
         tracker.spawn(metrics::refresh(store, tasks.clone()));
     }

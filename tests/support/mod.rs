@@ -2,6 +2,7 @@
 //! as a child process, and waiting for events with deadlines.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod cli;
 pub mod cluster;
 pub mod layout;

@@ -1,6 +1,14 @@
-//! The HTTP listener (`[http]`): `GET /metrics` in the Prometheus text
-//! format. Its routes are one axum [`Router`], so further pages join it as
-//! routes of their own.
+//! The HTTP listener (`[http]`), one axum [`Router`]:
+//! - `GET /metrics`: the Prometheus text format (no token needed);
+//! - `GET /` (with `/app.js` and `/style.css`): the live web view (`web`),
+//!   served to anyone, since it holds no data;
+//! - `GET /api/groups` and `GET /api/batches` (Server-Sent Events): the
+//!   view's JSON API (`api`), which calls the in-process gRPC service, so
+//!   with `[auth]` on it needs a token with the `read` (or `admin`) role,
+//!   and keeps to the token's key prefixes.
+
+mod api;
+mod web;
 
 use std::io;
 
@@ -11,6 +19,7 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use self::api::{Api, KEEP_ALIVE_EVERY};
 use crate::config::HttpConfig;
 
 /// The content type of the Prometheus text format.
@@ -24,23 +33,29 @@ pub async fn bind(config: &HttpConfig) -> io::Result<Option<TcpListener>> {
     TcpListener::bind(config.listen).await.map(Some)
 }
 
-/// Every route of the HTTP listener.
-pub fn routes() -> Router {
-    Router::new().route("/metrics", get(metrics))
+/// Every route of the HTTP listener; `api` serves the web view's JSON API.
+pub fn routes(api: Api) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/api/groups", get(api::groups))
+        .route("/api/batches", get(api::batches))
+        .with_state(api)
+        .merge(web::routes())
 }
 
 /// Serves `routes` on `listener` until `shutdown`; requests under way then
-/// finish. A failure is logged: metrics are not worth stopping the service for.
+/// finish. A failure is logged: metrics and the web view are not worth
+/// stopping the service for.
 pub async fn serve(listener: TcpListener, routes: Router, shutdown: CancellationToken) {
     match listener.local_addr() {
-        Ok(addr) => tracing::info!(%addr, "serving http (GET /metrics)"),
+        Ok(addr) => tracing::info!(%addr, "serving http (GET /metrics, the web view at /)"),
         Err(err) => tracing::warn!(%err, "http listener has no local address"),
     }
     let served = axum::serve(listener, routes)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await;
     if let Err(err) = served {
-        tracing::error!(%err, "http listener failed; /metrics is down");
+        tracing::error!(%err, "http listener failed; /metrics and the web view are down");
     }
 }
 
