@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use serde_json::Value;
 use support::cli::{Tail, at, json_lines, ok};
-use support::{RedisServer, Service, config, eventually};
+use support::{HeldPort, RedisServer, Service, config, eventually};
 
 /// One item per batch, and an ack timeout (and delivery limit) as given.
 fn one_per_batch(ack_timeout: &str, max_deliveries: u32) -> String {
@@ -23,15 +23,11 @@ fn one_per_batch(ack_timeout: &str, max_deliveries: u32) -> String {
 /// An ack timeout no test outlives: nothing is redelivered by timeout.
 const PATIENT: &str = "1h";
 
-/// Starts the service on `addr` (port 0: a free one). Nothing waits for its
-/// shard tails: a live subscriber that connects at once must still get every
-/// batch flushed after it subscribed.
-async fn start(redis: &RedisServer, extra: &str, addr: Option<SocketAddr>) -> Service {
-    let config = config(&redis.url(), extra);
-    match addr {
-        Some(addr) => Service::start_at(config, addr).await,
-        None => Service::start(config).await,
-    }
+/// Starts the service on `port`. Nothing waits for its shard tails: a live
+/// subscriber that connects at once must still get every batch flushed
+/// after it subscribed.
+async fn start(redis: &RedisServer, extra: &str, port: HeldPort) -> Service {
+    Service::start_on(port.listen(), config(&redis.url(), extra)).await
 }
 
 /// Adds item `id` under `key` with the CLI; with max_items = 1 it flushes.
@@ -61,7 +57,7 @@ async fn until(tail: &mut Tail, id: &str) -> Vec<Value> {
 #[tokio::test]
 async fn tail_prints_each_batch() {
     let redis = RedisServer::start();
-    let service = start(&redis, "", None).await;
+    let service = start(&redis, "", HeldPort::new()).await;
     let addr = service.addr;
     let mut text = Tail::start(addr, &["--after", "0", "--key", "north-1"]);
     let mut json = Tail::start(addr, &["--after", "0", "--prefix", "north-", "--json"]);
@@ -143,7 +139,7 @@ async fn group_tail_acks_what_it_printed() {
 async fn tail_reconnects_after_a_restart() {
     let redis = RedisServer::start();
     let config = one_per_batch(PATIENT, 100);
-    let service = start(&redis, &config, None).await;
+    let service = start(&redis, &config, HeldPort::new()).await;
     let addr = service.addr;
     let mut live = Tail::start(addr, &["--json", "--after", "0", "--key", "k"]);
     let group = ["--json", "--after", "0", "--group", "g", "--consumer", "c"];
@@ -152,8 +148,9 @@ async fn tail_reconnects_after_a_restart() {
     assert_eq!(item(&live.json().await), "a");
     assert_eq!(item(&durable.json().await), "a");
 
+    let next = HeldPort::at(addr);
     service.stop().await;
-    let service = start(&redis, &config, Some(addr)).await;
+    let service = start(&redis, &config, next).await;
     add(addr, "k", "b").await;
     assert_eq!(
         item(&live.json().await),

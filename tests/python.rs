@@ -12,7 +12,9 @@ use std::net::SocketAddr;
 use batcher::config::Config;
 use redis::streams::StreamPendingCountReply;
 use support::python::{Python, Script};
-use support::{Paused, RedisServer, Service, all_batches, config, eventually, placements};
+use support::{
+    HeldPort, Paused, RedisServer, Service, all_batches, config, eventually, placements,
+};
 
 /// Ten parcels a truck, and no flush by time or redelivery by ack timeout
 /// within a test: every batch is SIZE or CLOSED, and delivered once.
@@ -135,11 +137,10 @@ async fn the_clients_ride_out_a_service_that_is_down_and_restarts() {
     let python = Python::new();
     let redis = RedisServer::start();
     let config = config(&redis.url(), POLICY);
-    // Bound but not listening: connections are refused, and no other test
+    // Held but not listening: connections are refused, and nothing else
     // can take the port before the service listens on it.
-    let reserved = tokio::net::TcpSocket::new_v4().expect("socket");
-    reserved.bind(([127, 0, 0, 1], 0).into()).expect("bind");
-    let addr = reserved.local_addr().expect("local addr");
+    let reserved = HeldPort::new();
+    let addr = reserved.addr;
     let consumer = consumer(&python, addr, 40);
     let early = producer(&python, addr, "a-", 20, "");
     eventually("both scripts to retry while the service is down", || {
@@ -149,8 +150,7 @@ async fn the_clients_ride_out_a_service_that_is_down_and_restarts() {
     })
     .await;
 
-    let listener = reserved.listen(1024).expect("listen");
-    let first = Service::start_on(listener, config.clone()).await;
+    let first = Service::start_on(reserved.listen(), config.clone()).await;
     let summary = early.success().await;
     assert_eq!(outcomes(&summary), (20, 0), "{summary}");
     eventually("the consumer to process and ack the first 20", || {
@@ -159,6 +159,7 @@ async fn the_clients_ride_out_a_service_that_is_down_and_restarts() {
     })
     .await;
     let reconnects = consumer.stderr().matches("reconnecting").count();
+    let next = HeldPort::at(addr);
     first.stop().await;
     eventually("the consumer to notice the stop", || {
         let noticed = consumer.stderr().matches("reconnecting").count() > reconnects;
@@ -166,9 +167,7 @@ async fn the_clients_ride_out_a_service_that_is_down_and_restarts() {
     })
     .await;
 
-    let listener = tokio::net::TcpListener::bind(addr).await;
-    let listener = listener.unwrap_or_else(|e| panic!("bind {addr} again: {e}"));
-    let second = Service::start_on(listener, config.clone()).await;
+    let second = Service::start_on(next.listen(), config.clone()).await;
     let late = producer(&python, addr, "b-", 20, "").success().await;
     assert_eq!(outcomes(&late), (20, 0), "{late}");
     let seen = delivered(&consumer.success().await);

@@ -65,13 +65,6 @@ impl Service {
         Service::start_on(listener.expect("bind"), config).await
     }
 
-    /// [`Service::start`] on `addr`: a test restarts a service on the port
-    /// the one before it used.
-    pub async fn start_at(config: Config, addr: SocketAddr) -> Service {
-        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
-        Service::start_on(listener, config).await
-    }
-
     /// [`Service::start`] on `listener`: a test that binds a fixed address
     /// can stop the service and start another where its clients point.
     pub async fn start_on(listener: tokio::net::TcpListener, config: Config) -> Service {
@@ -111,6 +104,36 @@ impl Service {
             .expect("service did not stop within the deadline")
             .expect("service task panicked");
         result.expect("service returned an error");
+    }
+}
+
+/// A loopback port held for a service that restarts. It is bound with
+/// SO_REUSEPORT, so the next holder can bind it while a service still
+/// listens on it, and while none listens, no client's ephemeral port (nor a
+/// client connecting to itself) can take it.
+pub struct HeldPort {
+    socket: tokio::net::TcpSocket,
+    pub addr: SocketAddr,
+}
+
+impl HeldPort {
+    /// Holds a free loopback port.
+    pub fn new() -> HeldPort {
+        HeldPort::at(SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// Holds `addr` too, beside its current holder.
+    pub fn at(addr: SocketAddr) -> HeldPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_reuseport(true).expect("SO_REUSEPORT");
+        socket.bind(addr).expect("bind a held port");
+        let addr = socket.local_addr().expect("local addr");
+        HeldPort { socket, addr }
+    }
+
+    /// Starts listening, for a service to serve on.
+    pub fn listen(self) -> tokio::net::TcpListener {
+        self.socket.listen(1024).expect("listen")
     }
 }
 
