@@ -8,15 +8,14 @@ mod support;
 
 use std::collections::BTreeSet;
 
+use batcher::cli::Bearer;
 use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use sha2::{Digest, Sha256};
 use support::{RedisServer, Service, add, assert_error_info, eventually, next_batch};
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
-use tonic::{Code, Request, Status};
+use tonic::{Code, Status};
 
 /// Every Batcher method, by the name in its path.
 const METHODS: [&str; 10] = [
@@ -71,21 +70,6 @@ fn config_text(redis: &RedisServer, tokens: &[(&str, &str, &str)]) -> String {
         auth_toml(tokens),
         redis.url()
     )
-}
-
-/// Puts `authorization: Bearer <token>` on every call (none with `None`).
-#[derive(Clone)]
-struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl Interceptor for Bearer {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
-    }
 }
 
 type Client = BatcherClient<InterceptedService<Channel, Bearer>>;

@@ -83,7 +83,7 @@ impl CliError {
 
 /// Puts `authorization: Bearer <token>` on every call (nothing with `None`).
 #[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
+pub struct Bearer(pub Option<MetadataValue<Ascii>>);
 
 impl Interceptor for Bearer {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {

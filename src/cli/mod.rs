@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-pub use self::client::{CliError, DEFAULT_ADDR};
+pub use self::client::{Bearer, CliError, DEFAULT_ADDR};
 
 /// The client subcommands, flattened into the binary's `Command` beside `serve`.
 #[derive(Subcommand, Debug)]

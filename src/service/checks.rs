@@ -134,6 +134,20 @@ pub(super) fn page_size(size: i32) -> Result<usize, Error> {
     }
 }
 
+/// The position a listing's `page_token` names: none for the first page; a
+/// token `parse` cannot read is refused, naming the listing it must come from.
+pub(super) fn page_after<T>(
+    token: &str,
+    parse: fn(&str) -> Option<T>,
+    listing: &str,
+) -> Result<Option<T>, Error> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let unknown = || invalid("page_token", format!("is not a token from {listing}"));
+    parse(token).map(Some).ok_or_else(unknown)
+}
+
 /// Encodes a ListGroups position as a page token.
 pub(super) fn page_token(due: u64, key: &str) -> String {
     format!("{due}:{key}")

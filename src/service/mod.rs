@@ -21,7 +21,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
 use self::checks::{
-    check_size, dead_letter_token, page_size, page_token, parse_dead_letter_token, parse_page_token,
+    check_size, dead_letter_token, page_after, page_size, page_token, parse_dead_letter_token,
+    parse_page_token,
 };
 pub use self::convert::batch_to_pb;
 use self::convert::{add_response, group_to_pb};
@@ -304,14 +305,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         let caller = Caller::of(&request);
         let req = request.into_inner();
         let limit = page_size(req.page_size)?;
-        let after = if req.page_token.is_empty() {
-            None
-        } else {
-            Some(
-                parse_page_token(&req.page_token)
-                    .ok_or_else(|| invalid("page_token", "is not a token from ListGroups"))?,
-            )
-        };
+        let after = page_after(&req.page_token, parse_page_token, "ListGroups")?;
         if req.key_prefix.len() as u64 > self.limits.max_key_bytes.as_u64() {
             return Err(invalid("key_prefix", "is longer than the longest key").into());
         }
@@ -411,14 +405,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         self.check_name("consumer_group", &req.consumer_group)?;
         caller.check_group(&self.store, &req.consumer_group).await?;
         let limit = page_size(req.page_size)?;
-        let after = if req.page_token.is_empty() {
-            None
-        } else {
-            Some(
-                parse_dead_letter_token(&req.page_token)
-                    .ok_or_else(|| invalid("page_token", "is not a token from ListDeadLetters"))?,
-            )
-        };
+        let after = page_after(&req.page_token, parse_dead_letter_token, "ListDeadLetters")?;
         let (batches, next) = self
             .store
             .dead_letters(&req.consumer_group, limit, after)
