@@ -26,6 +26,17 @@ async fn flush_n(
     client.add_many(pb::AddManyRequest { items }).await.unwrap();
 }
 
+/// A live subscription to every key, from now on.
+async fn every_batch(
+    client: &mut pb::batcher_client::BatcherClient<tonic::transport::Channel>,
+) -> tonic::Streaming<pb::Batch> {
+    client
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 fn id_of(batch: &pb::Batch) -> usize {
     batch.items[0].id.clone().parse().unwrap()
 }
@@ -37,11 +48,7 @@ async fn start_positions() {
     let service = Service::start(config(&redis.url(), ONE_ITEM_BATCHES)).await;
     let mut client = service.client().await;
     flush_n(&mut client, "k", 0, 5).await;
-    let mut from_now = client
-        .subscribe(pb::SubscribeRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let mut from_now = every_batch(&mut client).await;
     let mut from_zero = client
         .subscribe(pb::SubscribeRequest {
             after: "0".into(),
@@ -182,16 +189,8 @@ async fn slow_subscriber_catches_up_without_blocking_others() {
     let extra = format!("{ONE_ITEM_BATCHES}\n[subscriptions]\nbuffer = 1\n");
     let service = Service::start(config(&redis.url(), &extra)).await;
     let mut client = service.client().await;
-    let mut slow = client
-        .subscribe(pb::SubscribeRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    let mut fast = client
-        .subscribe(pb::SubscribeRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let mut slow = every_batch(&mut client).await;
+    let mut fast = every_batch(&mut client).await;
     let total = 6000; // more than the fan-out channel holds
     let reader = tokio::spawn(async move {
         let mut n = 0;
@@ -225,11 +224,7 @@ async fn cursor_survives_trimming() {
     );
     let service = Service::start(config(&redis.url(), &extra)).await;
     let mut client = service.client().await;
-    let mut stream = client
-        .subscribe(pb::SubscribeRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = every_batch(&mut client).await;
     flush_n(&mut client, "k", 0, 3).await;
     let mut cursor = String::new();
     for _ in 0..3 {
@@ -271,11 +266,7 @@ async fn nothing_is_missed_while_the_tails_start() {
         .unwrap();
     let service = Service::start(config(&redis.url(), ONE_ITEM_BATCHES)).await;
     let mut client = service.client().await;
-    let mut stream = client
-        .subscribe(pb::SubscribeRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = every_batch(&mut client).await;
     flush_n(&mut client, "early", 0, 1).await;
     let _: () = redis::cmd("CONFIG")
         .arg(&["SET", "maxclients", "1000"])
