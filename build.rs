@@ -16,6 +16,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // descriptor.
     let mut config = prost_build::Config::new();
     config.enable_type_names();
-    tonic_prost_build::configure().compile_fds_with_config(fds, config)?;
+    // Our codec: a request that cannot be decoded is INVALID_ARGUMENT.
+    tonic_prost_build::configure()
+        .codec_path("crate::service::codec::BatcherCodec")
+        .compile_fds_with_config(fds, config)?;
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! call one deadline. `requeue` holds Requeue's body.
 
 mod checks;
+pub mod codec;
 mod convert;
 mod deadline;
 pub mod errors;
