@@ -13,6 +13,7 @@ use batcher::pb;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use support::browser::Browser;
+use support::scrape::scrape;
 use support::{DEADLINE, RedisServer, Service, add, config};
 
 type Client = pb::batcher_client::BatcherClient<tonic::transport::Channel>;
@@ -255,12 +256,15 @@ fn auth_config(redis: &RedisServer) -> batcher::config::Config {
 /// With `[auth]` the API needs a token with the `read` role, from the
 /// `authorization` header or the `token` parameter: 401 without one or
 /// with an unknown one, 403 for a token without `read` or a prefix out of
-/// its scope. The page's assets need none.
+/// its scope. The page's assets need none. Refused calls are counted in
+/// `batcher_requests_total` under the gRPC method the API calls.
 #[tokio::test]
 async fn the_api_needs_a_read_token_when_auth_is_on() {
     let redis = RedisServer::start();
     let service = Service::start(auth_config(&redis)).await;
     let http = service.http_addr.expect("an http listener");
+    // Only this test of the binary uses tokens, so the refusals are its own.
+    let before = scrape(http).await;
 
     let (status, body) = get(http, "/api/groups", None).await;
     assert_eq!(
@@ -299,6 +303,15 @@ async fn the_api_needs_a_read_token_when_auth_is_on() {
     let scoped = "/api/batches?token=berlin&prefix=paris-";
     let refused = http_client().get(format!("http://{http}{scoped}")).send();
     assert_eq!(refused.await.unwrap().status(), 403);
+    let after = scrape(http).await;
+    let refusals = |method, code| {
+        let labels = [("method", method), ("code", code)];
+        after.delta(&before, "batcher_requests_total", &labels)
+    };
+    assert_eq!(refusals("ListGroups", "UNAUTHENTICATED"), 2.0);
+    assert_eq!(refusals("ListGroups", "PERMISSION_DENIED"), 2.0);
+    assert_eq!(refusals("Subscribe", "UNAUTHENTICATED"), 1.0);
+    assert_eq!(refusals("Subscribe", "PERMISSION_DENIED"), 1.0);
 
     for (path, kind) in [
         ("/", "text/html"),
@@ -443,6 +456,48 @@ async fn the_page_shows_groups_filling_and_batches_flushing_live() {
     let path = screenshot_path();
     browser.screenshot(&path).await;
     assert!(std::fs::metadata(&path).expect("the screenshot").len() > 10_000);
+    drop(browser);
+    service.stop().await;
+}
+
+/// The countdowns run by the service's clock: with the browser's clock an
+/// hour fast, a group due in an hour still shows 59 minutes, not "due now".
+#[tokio::test]
+async fn countdowns_follow_the_services_clock_not_the_browsers() {
+    let redis = RedisServer::start();
+    let service = Service::start(config(&redis.url(), POLICIES)).await;
+    let http = service.http_addr.expect("an http listener");
+    let mut client = service.client().await;
+    client
+        .add(add("area-north", "p1", b"parcel"))
+        .await
+        .unwrap();
+
+    let mut browser = Browser::launch(1000, 600).await;
+    let fast = "const realNow = Date.now; Date.now = () => realNow() + 3600000;";
+    let params = serde_json::json!({ "source": fast });
+    browser.call("Page.enable", serde_json::json!({})).await;
+    browser
+        .call("Page.addScriptToEvaluateOnNewDocument", params)
+        .await;
+    browser.goto(&format!("http://{http}/")).await;
+    let cell = "document.querySelector(\"tr[data-key='area-north'] td.due\")?.textContent";
+    let shown = browser
+        .wait_for(
+            "area-north's countdown",
+            &format!("{cell} !== '' && {cell}"),
+        )
+        .await;
+    let shown = shown.as_str().unwrap().to_owned();
+    assert!(
+        shown.starts_with("59m") || shown.starts_with("1h 00m"),
+        "a group due in an hour shows {shown:?}"
+    );
+    let skewed = browser.eval("Date.now() - new Date().getTime()").await;
+    assert!(
+        skewed.as_f64().unwrap() > 3_000_000.0,
+        "the browser's clock is fast"
+    );
     drop(browser);
     service.stop().await;
 }

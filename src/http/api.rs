@@ -3,7 +3,8 @@
 //! exactly those of gRPC:
 //! - `GET /api/groups?prefix=&page_size=&page_token=`: one page of
 //!   ListGroups, as its `ListGroupsResponse` in the protobuf JSON mapping
-//!   (`{"groups": [...], "nextPageToken": "..."}`).
+//!   (`{"groups": [...], "nextPageToken": "..."}`), with the service's clock
+//!   in an `x-batcher-now` header (Unix ms) for the page's countdowns.
 //! - `GET /api/batches?prefix=`: a live Subscribe as Server-Sent Events, one
 //!   `data:` line per batch (its `Batch` in the JSON mapping), the batch's
 //!   cursor as the event id (a reconnecting `EventSource` sends it back as
@@ -11,6 +12,9 @@
 //!   meanwhile resumes from now), and keep-alives. A failed subscription
 //!   sends an `error` event with the JSON error body and ends the stream;
 //!   so does the service's shutdown.
+//!
+//! Both are counted in `batcher_requests_total` under the gRPC method they
+//! call.
 //!
 //! With `[auth]`, both need a token with the `read` role (or `admin`): the
 //! feed only watches, it never acks, so it needs no `consume`. The token's
@@ -23,7 +27,7 @@
 //! `{"error": {"code", "status", "message", "details"}}`.
 
 use std::convert::Infallible;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -38,6 +42,7 @@ use tonic::{Code, Status};
 
 use crate::auth::Auth;
 use crate::json::to_json;
+use crate::metrics::{code_name, record_call};
 use crate::pb;
 use crate::pb::batcher_server::Batcher;
 use crate::service::BatcherService;
@@ -63,6 +68,16 @@ pub struct Api {
     /// Cancelled at shutdown: the event streams end, so the listener's
     /// graceful stop does not wait on them.
     pub shutdown: CancellationToken,
+}
+
+/// The header of a `GET /api/groups` reply that holds the service's clock
+/// (Unix ms), so that the page counts down to due times by the service's
+/// clock, not by the browser's, which may be far off.
+pub const NOW_HEADER: &str = "x-batcher-now";
+
+fn now_ms() -> u64 {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The query of `GET /api/groups`.
@@ -100,12 +115,20 @@ pub async fn groups(
         page_token: query.page_token,
         key_prefix: query.prefix,
     };
+    let started = Instant::now();
     let listed = async {
         let request = api.request(&headers, query.token.as_deref(), request)?;
         api.within_deadline(api.service.list_groups(request)).await
-    };
-    match listed.await {
-        Ok(response) => Json(to_json(&response.into_inner())).into_response(),
+    }
+    .await;
+    let code = listed.as_ref().map_or_else(Status::code, |_| Code::Ok);
+    record_call("ListGroups", code, started);
+    match listed {
+        Ok(response) => {
+            let mut reply = Json(to_json(&response.into_inner())).into_response();
+            reply.headers_mut().insert(NOW_HEADER, now_ms().into());
+            reply
+        }
         Err(status) => error(&status),
     }
 }
@@ -134,6 +157,7 @@ pub async fn batches(
         ..Default::default()
     };
     let token = query.token.as_deref();
+    let started = Instant::now();
     let mut subscribed = api
         .subscribe(&headers, token, subscribe(last_event_id))
         .await;
@@ -143,6 +167,8 @@ pub async fn batches(
             .subscribe(&headers, token, subscribe(String::new()))
             .await;
     }
+    let code = subscribed.as_ref().map_or_else(Status::code, |_| Code::Ok);
+    record_call("Subscribe", code, started);
     match subscribed {
         Ok(stream) => {
             let events = stream.take_until(api.shutdown.clone().cancelled_owned());
@@ -224,74 +250,31 @@ impl Api {
     }
 }
 
-/// Each gRPC code, its name, and the HTTP status it maps to.
-const CODES: [(Code, &str, StatusCode); 17] = [
-    (Code::Ok, "OK", StatusCode::OK),
-    (Code::Cancelled, "CANCELLED", StatusCode::BAD_REQUEST),
-    (Code::Unknown, "UNKNOWN", StatusCode::INTERNAL_SERVER_ERROR),
-    (
-        Code::InvalidArgument,
-        "INVALID_ARGUMENT",
-        StatusCode::BAD_REQUEST,
-    ),
-    (
-        Code::DeadlineExceeded,
-        "DEADLINE_EXCEEDED",
-        StatusCode::GATEWAY_TIMEOUT,
-    ),
-    (Code::NotFound, "NOT_FOUND", StatusCode::NOT_FOUND),
-    (Code::AlreadyExists, "ALREADY_EXISTS", StatusCode::CONFLICT),
-    (
-        Code::PermissionDenied,
-        "PERMISSION_DENIED",
-        StatusCode::FORBIDDEN,
-    ),
-    (
-        Code::ResourceExhausted,
-        "RESOURCE_EXHAUSTED",
-        StatusCode::TOO_MANY_REQUESTS,
-    ),
-    (
-        Code::FailedPrecondition,
-        "FAILED_PRECONDITION",
-        StatusCode::BAD_REQUEST,
-    ),
-    (Code::Aborted, "ABORTED", StatusCode::CONFLICT),
-    (Code::OutOfRange, "OUT_OF_RANGE", StatusCode::BAD_REQUEST),
-    (
-        Code::Unimplemented,
-        "UNIMPLEMENTED",
-        StatusCode::NOT_IMPLEMENTED,
-    ),
-    (
-        Code::Internal,
-        "INTERNAL",
-        StatusCode::INTERNAL_SERVER_ERROR,
-    ),
-    (
-        Code::Unavailable,
-        "UNAVAILABLE",
-        StatusCode::SERVICE_UNAVAILABLE,
-    ),
-    (
-        Code::DataLoss,
-        "DATA_LOSS",
-        StatusCode::INTERNAL_SERVER_ERROR,
-    ),
-    (
-        Code::Unauthenticated,
-        "UNAUTHENTICATED",
-        StatusCode::UNAUTHORIZED,
-    ),
+/// Each gRPC code and the HTTP status it maps to.
+const CODES: [(Code, StatusCode); 17] = [
+    (Code::Ok, StatusCode::OK),
+    (Code::Cancelled, StatusCode::BAD_REQUEST),
+    (Code::Unknown, StatusCode::INTERNAL_SERVER_ERROR),
+    (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+    (Code::DeadlineExceeded, StatusCode::GATEWAY_TIMEOUT),
+    (Code::NotFound, StatusCode::NOT_FOUND),
+    (Code::AlreadyExists, StatusCode::CONFLICT),
+    (Code::PermissionDenied, StatusCode::FORBIDDEN),
+    (Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
+    (Code::FailedPrecondition, StatusCode::BAD_REQUEST),
+    (Code::Aborted, StatusCode::CONFLICT),
+    (Code::OutOfRange, StatusCode::BAD_REQUEST),
+    (Code::Unimplemented, StatusCode::NOT_IMPLEMENTED),
+    (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
+    (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+    (Code::DataLoss, StatusCode::INTERNAL_SERVER_ERROR),
+    (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
 ];
 
 /// The name and HTTP status of `code`.
 fn code_parts(code: Code) -> (&'static str, StatusCode) {
-    let (_, name, http) = CODES
-        .iter()
-        .find(|(c, _, _)| *c == code)
-        .unwrap_or(&CODES[2]);
-    (name, *http)
+    let (code, http) = CODES.iter().find(|(c, _)| *c == code).unwrap_or(&CODES[2]);
+    (code_name(*code), *http)
 }
 
 /// `status` as an HTTP response.

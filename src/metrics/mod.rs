@@ -30,7 +30,7 @@ use crate::batch::{Batch, FlushReason};
 use crate::store::{AddOutcome, AddResult};
 
 pub use refresh::{REFRESH_EVERY, refresh};
-pub use requests::Requests;
+pub use requests::{Requests, code_name, record_call};
 
 /// Items accepted by adds, by `outcome`: `added` or `duplicate`.
 pub const ITEMS_ADDED: &str = "batcher_items_added_total";

@@ -63,11 +63,9 @@ where
             let response = response.await;
             let code = match &response {
                 Ok(response) => code_label(response.headers()),
-                Err(_) => "UNKNOWN",
+                Err(_) => Code::Unknown,
             };
-            counter!(REQUESTS, "method" => method, "code" => code).increment(1);
-            histogram!(REQUEST_DURATION, "method" => method)
-                .record(started.elapsed().as_secs_f64());
+            record_call(method, code, started);
             response
         })
     }
@@ -97,12 +95,24 @@ fn method_label(path: &str) -> &'static str {
         .map_or("other", String::as_str)
 }
 
-/// The `code` label of a response: its `grpc-status` header, else OK.
-fn code_label(headers: &http::HeaderMap) -> &'static str {
-    let code = headers
+/// Counts a finished call of `method` (one of the service's own, or
+/// `other`) and times it from `started`. The web API counts its calls here
+/// too, under the gRPC method it calls.
+pub fn record_call(method: &'static str, code: Code, started: Instant) {
+    counter!(REQUESTS, "method" => method, "code" => code_name(code)).increment(1);
+    histogram!(REQUEST_DURATION, "method" => method).record(started.elapsed().as_secs_f64());
+}
+
+/// The code of a response: its `grpc-status` header, else OK.
+fn code_label(headers: &http::HeaderMap) -> Code {
+    headers
         .get("grpc-status")
         .and_then(|v| v.to_str().ok()?.parse::<i32>().ok())
-        .map_or(Code::Ok, Code::from);
+        .map_or(Code::Ok, Code::from)
+}
+
+/// The name of a gRPC code, as in the `code` label: `INVALID_ARGUMENT`.
+pub fn code_name(code: Code) -> &'static str {
     match code {
         Code::Ok => "OK",
         Code::Cancelled => "CANCELLED",
@@ -141,8 +151,8 @@ mod tests {
     #[test]
     fn code_labels_come_from_grpc_status() {
         let mut headers = http::HeaderMap::new();
-        assert_eq!(code_label(&headers), "OK");
+        assert_eq!(code_name(code_label(&headers)), "OK");
         headers.insert("grpc-status", http::HeaderValue::from_static("3"));
-        assert_eq!(code_label(&headers), "INVALID_ARGUMENT");
+        assert_eq!(code_name(code_label(&headers)), "INVALID_ARGUMENT");
     }
 }

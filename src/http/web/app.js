@@ -23,6 +23,9 @@ const state = {
   source: null,
   // Bumped when the filter or the page changes, so late replies are dropped.
   generation: 0,
+  // The service's clock less the browser's (ms), from the x-batcher-now
+  // header: due times count down by the service's clock.
+  clockOffset: 0,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -46,7 +49,10 @@ async function api(path, params) {
     if (value !== "" && value !== undefined) url.searchParams.set(name, value);
   }
   const headers = token() ? { Authorization: `Bearer ${token()}` } : {};
+  const sent = Date.now();
   const response = await fetch(url, { headers });
+  const serverNow = Number(response.headers.get("x-batcher-now"));
+  if (serverNow > 0) state.clockOffset = serverNow - (sent + Date.now()) / 2;
   const body = await response.json().catch(() => ({}));
   if (!response.ok) {
     const error = new Error(body.error?.message || response.statusText);
@@ -184,7 +190,7 @@ function bar(value, max, label) {
 
 /** Updates every countdown from the due times of the rows. */
 function tick() {
-  const now = Date.now();
+  const now = Date.now() + state.clockOffset;
   for (const cell of document.querySelectorAll("td.due")) {
     const due = Number(cell.dataset.due);
     cell.textContent = cell.dataset.due === "" ? "—" : formatCountdown(due - now);
