@@ -137,12 +137,46 @@ fn imports_grpc(venv: &Path) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// A virtualenv being built, removed if it is dropped before it is moved
+/// into place (a failed pip install, a panic).
+struct Building(PathBuf);
+
+impl Drop for Building {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Removes what an interrupted build of `venv` left beside it: directories
+/// `<venv>.building-<pid>` whose process is gone.
+fn remove_interrupted_builds(venv: &Path) {
+    let (Some(dir), Some(name)) = (venv.parent(), venv.file_name()) else {
+        return;
+    };
+    let prefix = format!("{}.building-", name.to_string_lossy());
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_string_lossy()
+            .strip_prefix(&prefix)
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(&pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Creates a virtualenv with `requirements` beside `venv`, then moves it there.
 fn build_venv(venv: &Path, requirements: &Path) {
-    let building = venv.with_extension(format!("building-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&building);
+    remove_interrupted_builds(venv);
+    let guard = Building(venv.with_extension(format!("building-{}", std::process::id())));
+    let building = &guard.0;
+    let _ = std::fs::remove_dir_all(building);
     let mut create = Command::new("python3");
-    create.args(["-m", "venv"]).arg(&building);
+    create.args(["-m", "venv"]).arg(building);
     check(&mut create, "python3 -m venv");
     let mut install = Command::new(building.join("bin/python"));
     install
@@ -160,10 +194,9 @@ fn build_venv(venv: &Path, requirements: &Path) {
         "pip install -r examples/python/requirements.txt",
     );
     let _ = std::fs::remove_dir_all(venv);
-    if std::fs::rename(&building, venv).is_err() {
-        // Another test process got there first; its venv serves as well.
-        let _ = std::fs::remove_dir_all(&building);
-    }
+    // If another test process got there first, its venv serves as well, and
+    // the guard removes ours.
+    let _ = std::fs::rename(building, venv);
 }
 
 /// Runs `command` to its end; panics with its output unless it exits 0.
