@@ -2,7 +2,11 @@
 //!
 //! Every instance sweeps every shard, one task per shard. A task sleeps until
 //! the earliest due time it knows of: the one the due-groups script returns,
-//! or an earlier one that a local add just opened (the add wakes it). It never
+//! or an earlier one that a local add just opened (the add wakes it). The
+//! sleep is timed from when Redis read its clock (the middle of the scan's
+//! round trip), and on waking the task flushes the groups the scan saw
+//! falling due then before it scans again, so a timeout flush waits on one
+//! round trip, not two. It never
 //! sleeps longer than `max_sleep`, so it also finds groups that other
 //! instances opened. Pub/sub is not used. Racing sweepers are harmless: the
 //! flush script re-checks that a group is due, so each group yields one batch.
@@ -95,8 +99,18 @@ impl ShardSweeper {
         let max_sleep_ms = self.config.max_sleep.as_millis() as u64;
         let mut failures = Failures::new(self.shard);
         let mut last_trim_ms = 0;
+        // The keys the last scan saw falling due at the time the timer woke
+        // us for: flushed at once, without a scan's round trip first.
+        let mut expected = Vec::new();
         while !shutdown.is_cancelled() {
             wake.planned.store(u64::MAX, Ordering::Release);
+            if !expected.is_empty() {
+                let keys = std::mem::take(&mut expected);
+                if !self.flush(&keys, &mut failures, &shutdown).await {
+                    return;
+                }
+            }
+            let sent = Instant::now();
             let scan = match self
                 .store
                 .due_groups(self.shard, self.config.batch.get())
@@ -111,36 +125,15 @@ impl ShardSweeper {
                     }
                 }
             };
+            // When Redis read its clock, as near as the round trip tells.
+            let read_at = sent + sent.elapsed() / 2;
             if scan.now_ms.saturating_sub(last_trim_ms) >= self.trim_every_ms {
                 last_trim_ms = scan.now_ms;
-                let min = StreamId {
-                    ms: scan.now_ms.saturating_sub(self.retention_ms),
-                    seq: 0,
-                };
-                if let Err(err) = self.store.trim_before(self.shard, min).await {
-                    failures.log("stream trim", &err);
-                }
+                self.trim(scan.now_ms, &mut failures).await;
             }
             if !scan.keys.is_empty() {
-                match self.store.flush_due(self.shard, &scan.keys).await {
-                    Ok(batches) => {
-                        failures.recovered();
-                        tracing::debug!(
-                            shard = self.shard,
-                            count = batches.len(),
-                            "flushed by timeout"
-                        )
-                    }
-                    Err(err) => {
-                        // The flush script writes nothing when it fails (at
-                        // OOM Redis refuses its first write): the groups stay
-                        // due, and the next round flushes them.
-                        let backoff = failures.failed("timeout flush", &err, self.config.max_sleep);
-                        tokio::select! {
-                            _ = shutdown.cancelled() => return,
-                            _ = tokio::time::sleep(backoff) => {}
-                        }
-                    }
+                if !self.flush(&scan.keys, &mut failures, &shutdown).await {
+                    return;
                 }
                 // Look again at once: more may be due, and the next due time moved.
                 continue;
@@ -153,7 +146,53 @@ impl ShardSweeper {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = wake.notify.notified() => {}
-                _ = tokio::time::sleep(sleep) => {}
+                _ = tokio::time::sleep_until((read_at + sleep).into()) => {
+                    if scan.next_due_ms == Some(wake_at) {
+                        expected = scan.next_keys;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Trims the shard's stream of batches older than the retention.
+    async fn trim(&self, now_ms: u64, failures: &mut Failures) {
+        let min = StreamId {
+            ms: now_ms.saturating_sub(self.retention_ms),
+            seq: 0,
+        };
+        if let Err(err) = self.store.trim_before(self.shard, min).await {
+            failures.log("stream trim", &err);
+        }
+    }
+
+    /// Flushes those of `keys` that are due; after a failure, backs off.
+    /// Returns false if the shutdown came meanwhile.
+    async fn flush(
+        &self,
+        keys: &[String],
+        failures: &mut Failures,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        match self.store.flush_due(self.shard, keys).await {
+            Ok(batches) => {
+                failures.recovered();
+                tracing::debug!(
+                    shard = self.shard,
+                    count = batches.len(),
+                    "flushed by timeout"
+                );
+                true
+            }
+            Err(err) => {
+                // The flush script writes nothing when it fails (at OOM Redis
+                // refuses its first write): the groups stay due, and the next
+                // round flushes them.
+                let backoff = failures.failed("timeout flush", &err, self.config.max_sleep);
+                tokio::select! {
+                    _ = shutdown.cancelled() => false,
+                    _ = tokio::time::sleep(backoff) => true,
+                }
             }
         }
     }

@@ -135,15 +135,20 @@ fn next_part<T: FromRedisValue>(
 }
 
 impl FromRedisValue for DueScan {
-    /// The due scan's reply: `{now, earliest due not yet due or -1, key...}`.
+    /// The due scan's reply: `{now, earliest due not yet due or -1, count,
+    /// count due keys, keys due next...}`.
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let mut parts = from_redis_value::<Vec<Value>>(v)?.into_iter();
         let now_ms = next_part(&mut parts, "now")?;
         let next_due: i64 = next_part(&mut parts, "next due")?;
+        let count: usize = next_part(&mut parts, "due count")?;
+        let mut keys: Vec<String> = parts.map(from_redis_value).collect::<Result<_, _>>()?;
+        let next_keys = keys.split_off(count.min(keys.len()));
         Ok(DueScan {
             now_ms,
             next_due_ms: u64::try_from(next_due).ok(),
-            keys: parts.map(from_redis_value).collect::<Result<_, _>>()?,
+            keys,
+            next_keys,
         })
     }
 }

@@ -21,6 +21,8 @@ pub struct DueScan {
     pub next_due_ms: Option<u64>,
     /// Keys of the groups that are due, soonest first.
     pub keys: Vec<String>,
+    /// Keys of the groups due at `next_due_ms`.
+    pub next_keys: Vec<String>,
 }
 
 /// A position in the list of open groups: (due time, key).
@@ -103,8 +105,8 @@ impl Store {
         Ok(batches)
     }
 
-    /// Reads which groups of a shard are due (at most `limit`), and when the
-    /// next one falls due.
+    /// Reads which groups of a shard are due (at most `limit`), when the
+    /// next one falls due, and which fall due then (at most `limit`).
     pub async fn due_groups(&self, shard: u16, limit: usize) -> Result<DueScan> {
         let shard_keys = self.keys.shard(shard);
         self.run_read_script(
