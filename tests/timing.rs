@@ -1,5 +1,6 @@
 //! Timeout flushes against a real Redis: never early, on time, woken by local
-//! adds, found by other instances, and timed by the Redis clock.
+//! adds, found by other instances, timed by the Redis clock, and the due scan
+//! the sweeper wakes by.
 
 mod support;
 
@@ -177,4 +178,47 @@ max_wait = "1s"
     );
     assert!(started.elapsed() < Duration::from_secs(3));
     service.stop().await;
+}
+
+/// The due scan names the groups that are due and those that fall due next
+/// (all of them that share that time), which the sweeper flushes as soon as
+/// it wakes; a removed group drops out of both.
+#[tokio::test]
+async fn the_due_scan_names_what_falls_due_next() {
+    use batcher::policy::Policy;
+    use batcher::store::NewItem;
+
+    let redis = RedisServer::start();
+    let mut config = config(&redis.url(), "");
+    config.redis.shards = std::num::NonZeroU16::MIN;
+    let store = support::store(&config);
+    let item = |key: &str, wait_ms: u64| NewItem {
+        key: key.into(),
+        item: batcher::batch::Item::new("i", "p"),
+        policy: Policy::basic(100, Duration::from_millis(wait_ms), None),
+        close: false,
+        requeue_of: None,
+    };
+    // One call, so one Redis clock reading: b and c fall due together.
+    let hour = 3_600_000;
+    let items = vec![item("a", hour), item("c", 2 * hour), item("b", 2 * hour)];
+    store.add(items).await.unwrap();
+    store.add(vec![item("d", 1)]).await.unwrap();
+
+    let scan = support::eventually("d to fall due", || async {
+        let scan = store.due_groups(0, 10).await.unwrap();
+        (scan.keys == ["d"]).then_some(scan)
+    })
+    .await;
+    assert_eq!(scan.next_keys, ["a"]);
+    let wait = scan.next_due_ms.unwrap() - scan.now_ms;
+    assert!(wait > hour - 60_000 && wait <= hour, "{wait}");
+
+    store.remove("a", b"i").await.unwrap();
+    store.remove("d", b"i").await.unwrap();
+    let scan = store.due_groups(0, 10).await.unwrap();
+    assert!(scan.keys.is_empty(), "{:?}", scan.keys);
+    assert_eq!(scan.next_keys, ["b", "c"]);
+    let wait = scan.next_due_ms.unwrap() - scan.now_ms;
+    assert!(wait > hour && wait <= 2 * hour, "{wait}");
 }
