@@ -226,3 +226,82 @@ async fn requeue_once_per_batch_item() {
     assert_eq!(group.items[0].requeue_count, 1);
     assert_eq!(group.items[0].measures.get("kg"), Some(&1));
 }
+
+/// A parcel's ext (measures, deadline) is a hash field of its own, so a
+/// group of small parcels stays in Redis's compact encoding; GetGroup,
+/// Remove and the flush read it back, also for an item that an older
+/// version wrote with its ext inside its value.
+#[tokio::test]
+async fn parcel_ext_is_its_own_field_and_old_items_still_read() {
+    let redis = RedisServer::start();
+    let policy = Policy {
+        capacity: Arc::new(BTreeMap::from([
+            ("volume_cm3".to_owned(), 1_000_000),
+            ("weight_g".to_owned(), 1_000_000),
+        ])),
+        ..Policy::basic(100, Duration::from_secs(600), None)
+    };
+    let store = open(&redis, &policy);
+    let far = 4_000_000_000_000;
+    for n in 0..3u64 {
+        // A 32-byte payload: with the ext, the item is over 64 bytes.
+        let mut item = Item::new(format!("p{n}"), format!("{n:0>32}"));
+        item.measures.insert("weight_g".into(), 1200 + n);
+        item.measures.insert("volume_cm3".into(), 50_000);
+        item.deadline_ms = Some(far + n);
+        add(&store, &policy, item, false).await;
+    }
+    let keyspace = Keyspace::new("pol", 4);
+    let gkey = keyspace.group(keyspace.shard_of("k"), "k");
+    let mut con = redis::Client::open(redis.url())
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&gkey)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(encoding, "listpack", "the group left the compact encoding");
+
+    assert!(store.remove("k", b"p1").await.unwrap().0);
+    let ext_left: bool = redis::cmd("HEXISTS")
+        .arg(&gkey)
+        .arg(";p1")
+        .query(&mut con)
+        .unwrap();
+    assert!(!ext_left, "Remove left the item's ext behind");
+    // An item as older versions wrote it: `seq;ext,payload`.
+    redis::pipe()
+        .cmd("HSET")
+        .arg(&gkey)
+        .arg(":old")
+        .arg("9;r2;mweight_g=7,old")
+        .cmd("HINCRBY")
+        .arg(&gkey)
+        .arg("n")
+        .arg(1)
+        .cmd("HINCRBY")
+        .arg(&gkey)
+        .arg("b")
+        .arg(3)
+        .query::<()>(&mut con)
+        .unwrap();
+
+    let group = store.group("k").await.unwrap().expect("open");
+    let got: Vec<_> = group.items.iter().map(|i| i.id.clone()).collect();
+    assert_eq!(got, [b"p0".to_vec(), b"p2".to_vec(), b"old".to_vec()]);
+    assert_eq!(group.items[1].measures.get("weight_g"), Some(&1202));
+    assert_eq!(group.items[1].deadline_ms, Some(far + 2));
+    assert_eq!(group.items[2].requeue_count, 2);
+    assert_eq!(group.measures.get("weight_g"), Some(&(1200 + 1202 + 7)));
+    assert_eq!(group.measures.get("volume_cm3"), Some(&100_000));
+
+    let batches = store.flush("k", FlushReason::Manual).await.unwrap();
+    let items = &batches[0].items;
+    assert_eq!(items.len(), 3);
+    assert_eq!(items[0].measures.get("volume_cm3"), Some(&50_000));
+    assert_eq!(items[0].deadline_ms, Some(far));
+    assert_eq!(items[1].payload, format!("{:0>32}", 2).into_bytes());
+    assert_eq!(items[2].measures.get("weight_g"), Some(&7));
+    assert_eq!(items[2].payload, b"old");
+}

@@ -441,10 +441,10 @@ for g = 1, ngroups do
     i = first_pending[g]
     while i do
       args[#args + 1] = ':' .. ids[i]
-      if exts[i] == '' then
-        args[#args + 1] = dec(seqs[i]) .. ',' .. payloads[i]
-      else
-        args[#args + 1] = dec(seqs[i]) .. ';' .. exts[i] .. ',' .. payloads[i]
+      args[#args + 1] = dec(seqs[i]) .. ',' .. payloads[i]
+      if exts[i] ~= '' then
+        args[#args + 1] = ';' .. ids[i]
+        args[#args + 1] = exts[i]
       end
       i = next_pending[i]
     end

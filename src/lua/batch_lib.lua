@@ -19,9 +19,15 @@
 --       per name (struct '<d...'), so that the add script reads and writes
 --       them as one field without parsing text; a reload that renames the
 --       measures leaves the old field behind, unread
---   ':' .. item_id = seq .. ',' .. payload, or seq .. ';' .. ext .. ',' .. payload
+--   ':' .. item_id = seq .. ',' .. payload
+--   ';' .. item_id = the item's ext, only for an item that has one
 -- An item's ext holds what it carries besides its payload, as ';'-separated
 -- fields: 'r' .. requeue count, 't' .. deadline (ms), 'm' .. name .. '=' .. value.
+-- It is a field of its own so that a small item's measures do not push its
+-- value past Redis's compact (listpack) hash encoding, whose values are at
+-- most 64 bytes by default: a parcel's ext and payload together often are
+-- more. (Groups opened by older versions hold it in the item's value, as
+-- seq .. ';' .. ext .. ',' .. payload, which the readers still accept.)
 --
 -- A batch in the shard stream has the fields key, reason, opened, flushed, n
 -- and items, where items is the concatenation, in arrival order, of
@@ -107,12 +113,13 @@ end
 -- only when it is not already.
 local function load_group(gkey, it)
   local flat = call('HGETALL', gkey)
-  local meta, list, sorted, last = {}, {}, true, 0
+  local meta, list, sorted, last, ext_of = {}, {}, true, 0, false
   local seqs, ids, payloads, exts = it.seq, it.id, it.payload, it.ext
   local top = #ids
   for i = 1, #flat, 2 do
     local f = flat[i]
-    if byte(f, 1) == 58 then
+    local kind = byte(f, 1)
+    if kind == 58 then -- ':'
       local v = flat[i + 1]
       local comma = find(v, ',', 1, true)
       local head, ext = sub(v, 1, comma - 1), ''
@@ -124,8 +131,17 @@ local function load_group(gkey, it)
       top = top + 1
       seqs[top], ids[top], payloads[top], exts[top] = seq, sub(f, 2), sub(v, comma + 1), ext
       list[#list + 1] = top
+    elseif kind == 59 then -- ';'
+      ext_of = ext_of or {}
+      ext_of[sub(f, 2)] = flat[i + 1]
     else
       meta[f] = flat[i + 1]
+    end
+  end
+  if ext_of then
+    for k = 1, #list do
+      local ext = ext_of[ids[list[k]]]
+      if ext then exts[list[k]] = ext end
     end
   end
   if not sorted then

@@ -13,15 +13,20 @@
 
 local due_key, gkey = KEYS[1], KEYS[2]
 local key, id = ARGV[1], ARGV[2]
-local v = call('HGET', gkey, ':' .. id)
+local got = call('HMGET', gkey, ':' .. id, ';' .. id)
+local v = got[1]
 if not v then
   return { 0, tonumber(call('HGET', gkey, 'n') or '0') }
 end
 local comma = find(v, ',', 1, true)
-local head, ext = sub(v, 1, comma - 1), ''
+local head, ext = sub(v, 1, comma - 1), got[2] or ''
 local semi = find(head, ';', 1, true)
 if semi then ext = sub(head, semi + 1) end
-call('HDEL', gkey, ':' .. id)
+if got[2] then
+  call('HDEL', gkey, ':' .. id, ';' .. id)
+else
+  call('HDEL', gkey, ':' .. id)
+end
 local size = call('HINCRBY', gkey, 'n', -1)
 -- 0 - x, not -x: Lua formats -0 as "-0", which HINCRBY refuses.
 call('HINCRBY', gkey, 'b', 0 - (#v - comma))

@@ -154,9 +154,11 @@ impl FromRedisValue for DueScan {
 }
 
 /// An open group's hash as HGETALL returns it: metadata fields (see
-/// `src/lua/batch_lib.lua`) and one `:<id>` field per item, whose value is
-/// `<sequence>[;<ext>],<payload>`. `None` when the group is not open. The
-/// key is the caller's to fill in.
+/// `src/lua/batch_lib.lua`), one `:<id>` field per item, whose value is
+/// `<sequence>,<payload>` (or `<sequence>;<ext>,<payload>` in groups that
+/// older versions opened), and a `;<id>` field holding the ext of an item
+/// that has one. `None` when the group is not open. The key is the
+/// caller's to fill in.
 pub(super) struct GroupHash(pub Option<(Group, Option<Rules>)>);
 
 impl FromRedisValue for GroupHash {
@@ -167,9 +169,16 @@ impl FromRedisValue for GroupHash {
         }
         let mut items: Vec<(u64, Item)> = Vec::new();
         let mut meta: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-        for (field, value) in fields {
+        let exts: HashMap<&[u8], &Vec<u8>> = fields
+            .iter()
+            .filter_map(|(field, ext)| Some((field.strip_prefix(b";")?, ext)))
+            .collect();
+        for (field, value) in &fields {
+            if field.starts_with(b";") {
+                continue;
+            }
             let Some(id) = field.strip_prefix(b":") else {
-                meta.insert(field, value);
+                meta.insert(field.clone(), value.clone());
                 continue;
             };
             let comma = value
@@ -185,6 +194,9 @@ impl FromRedisValue for GroupHash {
                 }
                 None => head,
             };
+            if let Some(ext) = exts.get(id) {
+                parse_ext(ext, &mut item)?;
+            }
             items.push((parse_u64(seq)?, item));
         }
         items.sort_by_key(|(seq, _)| *seq);
