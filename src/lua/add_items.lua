@@ -140,15 +140,6 @@ local function add_measures(g, measures)
   end
 end
 
--- Adds an item's values (see the arguments) to group g's sums.
-local function add_values(g, values)
-  local s = sums[g]
-  for k = 1, #caps[g][2] do
-    s[k] = s[k] + values[k + 1]
-  end
-  sums_dirty[g] = true
-end
-
 -- Group g's sums of its capacity measures, from its items (for a group
 -- opened before a reload named a new capacity measure).
 local function sum_items(g)
@@ -229,23 +220,27 @@ local function open_group(g)
   end
 end
 
--- Whether an item with `values` (see the arguments) would push group g
--- past a capacity (after = false), or whether the group's sums have reached
--- one (after = true).
-local function over_capacity(g, values, after)
-  local cap = caps[g]
-  if not cap then return false end
-  local limits, s = cap[1], sums[g]
-  for k = 1, #limits do
-    local total = s[k]
-    if after then
-      if total >= limits[k] then return true end
-    else
-      if values then total = total + values[k + 1] end
-      if total > limits[k] then return true end
+-- Adds an item's values (see the arguments; false: none) to group g's
+-- sums, in one pass over its capacity. Returns 'over', adding nothing, when
+-- they would push a sum past its capacity (unless `force`), 'full' when a
+-- sum reaches its capacity with them, else false.
+local function fill(g, values, force)
+  local limits, s = caps[g][1], sums[g]
+  local count = #limits
+  if not force then
+    for k = 1, count do
+      if s[k] + (values and values[k + 1] or 0) > limits[k] then return 'over' end
     end
   end
-  return false
+  if not values then return false end
+  local full = false
+  for k = 1, count do
+    local total = s[k] + values[k + 1]
+    s[k] = total
+    if total >= limits[k] then full = 'full' end
+  end
+  sums_dirty[g] = true
+  return full
 end
 
 -- Flushes everything group g holds, its hash's items and then the pending
@@ -382,14 +377,20 @@ for g = 1, ngroups do
       if size[g] > 0 and rules[g] and rules[g][3] > 0 and rules[g][3] <= now then
         batches = flush_open(g, REASON.CUTOFF, batches)
       end
-      if size[g] > 0 and over_capacity(g, values, false) then
-        batches = flush_open(g, REASON.CAPACITY, batches)
+      local full = false
+      if size[g] > 0 and caps[g] then
+        full = fill(g, values, false)
+        if full == 'over' then
+          batches, full = flush_open(g, REASON.CAPACITY, batches), false
+        end
       end
-      if size[g] == 0 then open_group(g) end
+      if size[g] == 0 then
+        open_group(g)
+        if values then full = fill(g, values, true) end
+      end
       seq[g] = seq[g] + 1
       seqs[i] = seq[g]
       append(g, i)
-      if values then add_values(g, values) end
       -- The due time can only come earlier with a new group, an earlier
       -- deadline or a hold that ends; max_idle only moves it later.
       local moved = due_at[g] == 0 or size[g] == min_items[g]
@@ -404,7 +405,7 @@ for g = 1, ngroups do
         reason = REASON.SIZE
       elseif max_bytes[g] > 0 and bytes[g] >= max_bytes[g] then
         reason = REASON.BYTES
-      elseif values and over_capacity(g, false, true) then
+      elseif full then
         reason = REASON.CAPACITY
       elseif close[i] then
         reason = REASON.CLOSED
