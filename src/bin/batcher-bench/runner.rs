@@ -263,28 +263,41 @@ async fn run_overload(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &s
     }
 }
 
-/// Scenario 11: scenario 1's load under the plain policy, then with every
-/// rule on, each on a fresh service over an emptied Redis.
+/// Scenario 11: scenario 1's load under the plain policy and with every
+/// rule on, in the order plain, every rule, every rule, plain, each run on a
+/// fresh service over an emptied Redis.
 async fn run_policy_cost(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &str) {
     let name = "11. every policy rule on: Redis CPU per item";
     if !runner.wants("11") {
         return;
     }
     let limit = Duration::from_secs(120);
-    let plain_name = format!("{name} (plain run)");
-    let Some(target) = runner.setup(&plain_name, env.fresh(true).await) else {
-        return;
+    let mut cost = policies::PolicyCost {
+        plain: Vec::new(),
+        rules: Vec::new(),
     };
-    let future = ingest::ingest_add_many(&target, sizes, run);
-    let Some(plain) = runner.attempt(&plain_name, limit, future).await else {
-        return;
-    };
-    let rules_name = format!("{name} (every-rule run)");
-    let Some(target) = runner.setup(&rules_name, env.fresh(true).await) else {
-        return;
-    };
-    let future = policies::rules_add_many(&target, sizes, run);
-    if let Some(rules) = runner.attempt(&rules_name, limit, future).await {
-        reports::policy_cost(runner, name, &policies::PolicyCost { plain, rules });
+    for (n, every_rule) in [false, true, true, false].into_iter().enumerate() {
+        let label = match every_rule {
+            true => format!("{name} (every-rule run, {} of 4)", n + 1),
+            false => format!("{name} (plain run, {} of 4)", n + 1),
+        };
+        let Some(target) = runner.setup(&label, env.fresh(true).await) else {
+            return;
+        };
+        let ingest = if every_rule {
+            let future = policies::rules_add_many(&target, sizes, run);
+            runner.attempt(&label, limit, future).await
+        } else {
+            let future = ingest::ingest_add_many(&target, sizes, run);
+            runner.attempt(&label, limit, future).await
+        };
+        let Some(ingest) = ingest else {
+            return;
+        };
+        match every_rule {
+            true => cost.rules.push(ingest),
+            false => cost.plain.push(ingest),
+        }
     }
+    reports::policy_cost(runner, name, &cost);
 }
