@@ -167,20 +167,23 @@ impl FromRedisValue for GroupHash {
         if fields.is_empty() {
             return Ok(GroupHash(None));
         }
-        let mut items: Vec<(u64, Item)> = Vec::new();
         let mut meta: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-        let exts: HashMap<&[u8], &Vec<u8>> = fields
-            .iter()
-            .filter_map(|(field, ext)| Some((field.strip_prefix(b";")?, ext)))
-            .collect();
-        for (field, value) in &fields {
-            if field.starts_with(b";") {
-                continue;
+        let mut exts: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut held: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        for (field, value) in fields {
+            match field.first() {
+                Some(b':') => held.push((field, value)),
+                Some(b';') => {
+                    exts.insert(field[1..].to_vec(), value);
+                }
+                _ => {
+                    meta.insert(field, value);
+                }
             }
-            let Some(id) = field.strip_prefix(b":") else {
-                meta.insert(field.clone(), value.clone());
-                continue;
-            };
+        }
+        let mut items: Vec<(u64, Item)> = Vec::with_capacity(held.len());
+        for (field, value) in held {
+            let id = &field[1..];
             let comma = value
                 .iter()
                 .position(|b| *b == b',')

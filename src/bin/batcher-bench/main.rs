@@ -138,18 +138,19 @@
 //!     refusals present, no other errors.
 //! 11. **Every policy rule on.** Scenario 1's load runs four times, in the
 //!     order (a), (b), (b), (a), each on a fresh service over an emptied
-//!     Redis: (a) under the plain policy
-//!     (max_items 10, max_wait 1 h), unchanged; (b) under the glob `pr-*`
-//!     with every rule on: max_items 10, max_wait 1 h, max_idle 30 min,
-//!     capacity 27 kg and 54 l, four cutoffs a day in Europe/Berlin,
-//!     deadline_lead 5 min, min_items 3 with max_age 2 h. In (b) every item
+//!     Redis: (a) under the plain policy (max_items 10, max_wait 1 h),
+//!     unchanged; (b) under the glob `pr-*` with every rule on: max_items
+//!     10, max_wait 1 h, max_idle 30 min, capacity 27 kg and 54 l, four
+//!     cutoffs a day in Europe/Berlin, deadline_lead 5 min, min_items 3 with
+//!     max_age 2 h. In (b) every item
 //!     carries `measures` (weight_g 200–4800, volume_cm3 1000–9000, drawn
 //!     evenly, so about half the groups flush by CAPACITY and half by SIZE)
 //!     and one in ten a `deadline` 10 to 40 minutes ahead. Figure: Redis CPU
 //!     µs per added item of each (as row 1b), pooled over its two runs, the
 //!     ratio (b)/(a), and their mean items/s; the details give each run's
-//!     batches by reason (warm-up included). Target: ratio ≤ 1.3, and (b) wrote CAPACITY batches (else
-//!     the rules were not in force). Only with the bench's own Redis.
+//!     batches by reason (warm-up included). Target: ratio ≤ 1.3, and (b)
+//!     wrote CAPACITY batches (else the rules were not in force). Only with
+//!     the bench's own Redis.
 
 mod ceiling;
 mod charts;
