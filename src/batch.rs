@@ -196,7 +196,7 @@ pub struct Group {
 pub struct DecodeError(pub String);
 
 /// Takes one `<length>:<value>` off the front of a `what` blob.
-fn take<'a>(blob: &mut &'a [u8], what: &str) -> Result<&'a [u8], DecodeError> {
+pub(crate) fn take<'a>(blob: &mut &'a [u8], what: &str) -> Result<&'a [u8], DecodeError> {
     let colon = blob
         .iter()
         .position(|b| *b == b':')
@@ -230,42 +230,6 @@ pub fn decode_items(mut blob: &[u8], expected: usize) -> Result<Vec<Item>, Decod
         )));
     }
     Ok(items)
-}
-
-/// Decodes the `x` blob of a batch (the items' exts, each as
-/// `<length>:<ext>`, in item order) into its items; an empty blob is none.
-pub fn decode_exts(mut blob: &[u8], items: &mut [Item]) -> Result<(), DecodeError> {
-    if blob.is_empty() {
-        return Ok(());
-    }
-    for item in items.iter_mut() {
-        parse_ext(take(&mut blob, "ext")?, item)?;
-    }
-    if !blob.is_empty() {
-        return Err(DecodeError("ext blob: more exts than items".into()));
-    }
-    Ok(())
-}
-
-/// Reads an item's ext (`r<requeue count>`, `t<deadline ms>`,
-/// `m<name>=<value>`, joined by `;`) into `item`.
-pub fn parse_ext(ext: &[u8], item: &mut Item) -> Result<(), DecodeError> {
-    let ext = std::str::from_utf8(ext).map_err(|_| DecodeError("ext: not UTF-8".into()))?;
-    let bad = || DecodeError(format!("bad item ext {ext:?}"));
-    for field in ext.split(';').filter(|f| !f.is_empty()) {
-        let (kind, value) = field.split_at(1);
-        match kind {
-            "r" => item.requeue_count = value.parse().map_err(|_| bad())?,
-            "t" => item.deadline_ms = Some(value.parse().map_err(|_| bad())?),
-            "m" => {
-                let (name, v) = value.split_once('=').ok_or_else(bad)?;
-                item.measures
-                    .insert(name.to_owned(), v.parse().map_err(|_| bad())?);
-            }
-            _ => return Err(bad()),
-        }
-    }
-    Ok(())
 }
 
 /// Reads measure sums as the scripts write them: `name=v;name=v`.

@@ -227,12 +227,14 @@ async fn requeue_once_per_batch_item() {
     assert_eq!(group.items[0].measures.get("kg"), Some(&1));
 }
 
-/// A parcel's ext (measures, deadline) is a hash field of its own, so a
-/// group of small parcels stays in Redis's compact encoding; GetGroup,
-/// Remove and the flush read it back, also for an item that an older
-/// version wrote with its ext inside its value.
+/// A parcel's ext (measures, deadline) is packed into its value, one hash
+/// field per item and short enough that a group of small parcels stays in
+/// Redis's compact encoding; an ext too long for that gets a field of its
+/// own. GetGroup, Remove and the flush read them back, also for items that
+/// older versions wrote with a text ext, inside the value or in a field of
+/// its own.
 #[tokio::test]
-async fn parcel_ext_is_its_own_field_and_old_items_still_read() {
+async fn parcel_ext_is_packed_and_old_items_still_read() {
     let redis = RedisServer::start();
     let policy = Policy {
         capacity: Arc::new(BTreeMap::from([
@@ -244,10 +246,15 @@ async fn parcel_ext_is_its_own_field_and_old_items_still_read() {
     let store = open(&redis, &policy);
     let far = 4_000_000_000_000;
     for n in 0..3u64 {
-        // A 32-byte payload: with the ext, the item is over 64 bytes.
+        // A 32-byte payload: with the ext as text, the value was over 64 bytes.
         let mut item = Item::new(format!("p{n}"), format!("{n:0>32}"));
         item.measures.insert("weight_g".into(), 1200 + n);
         item.measures.insert("volume_cm3".into(), 50_000);
+        if n == 1 {
+            // A measure the capacity does not name rides as text: 8 bytes
+            // more, past 64 with this payload.
+            item.measures.insert("colli".into(), n);
+        }
         item.deadline_ms = Some(far + n);
         add(&store, &policy, item, false).await;
     }
@@ -262,46 +269,119 @@ async fn parcel_ext_is_its_own_field_and_old_items_still_read() {
         .query(&mut con)
         .unwrap();
     assert_eq!(encoding, "listpack", "the group left the compact encoding");
+    let per_item = |con: &mut redis::Connection| {
+        let fields: Vec<Vec<u8>> = redis::cmd("HKEYS").arg(&gkey).query(con).unwrap();
+        let mut fields: Vec<_> = fields
+            .into_iter()
+            .filter(|f| f[0] == b':' || f[0] == b';')
+            .map(|f| String::from_utf8(f).unwrap())
+            .collect();
+        fields.sort();
+        fields
+    };
+    assert_eq!(per_item(&mut con), [":p0", ":p1", ":p2", ";p1"]);
 
     assert!(store.remove("k", b"p1").await.unwrap().0);
-    let ext_left: bool = redis::cmd("HEXISTS")
-        .arg(&gkey)
-        .arg(";p1")
-        .query(&mut con)
-        .unwrap();
-    assert!(!ext_left, "Remove left the item's ext behind");
-    // An item as older versions wrote it: `seq;ext,payload`.
+    assert_eq!(
+        per_item(&mut con),
+        [":p0", ":p2"],
+        "Remove left a field behind"
+    );
+    // Items as older versions wrote them: `seq;ext,payload`, and
+    // `seq,payload` with the ext in a `;<id>` field.
     redis::pipe()
         .cmd("HSET")
         .arg(&gkey)
         .arg(":old")
         .arg("9;r2;mweight_g=7,old")
+        .arg(":mid")
+        .arg("10,mid")
+        .arg(";mid")
+        .arg(format!("t{far};mweight_g=5"))
         .cmd("HINCRBY")
         .arg(&gkey)
         .arg("n")
-        .arg(1)
+        .arg(2)
         .cmd("HINCRBY")
         .arg(&gkey)
         .arg("b")
-        .arg(3)
+        .arg(6)
         .query::<()>(&mut con)
         .unwrap();
 
     let group = store.group("k").await.unwrap().expect("open");
     let got: Vec<_> = group.items.iter().map(|i| i.id.clone()).collect();
-    assert_eq!(got, [b"p0".to_vec(), b"p2".to_vec(), b"old".to_vec()]);
+    assert_eq!(got, [&b"p0"[..], b"p2", b"old", b"mid"].map(<[u8]>::to_vec));
     assert_eq!(group.items[1].measures.get("weight_g"), Some(&1202));
     assert_eq!(group.items[1].deadline_ms, Some(far + 2));
     assert_eq!(group.items[2].requeue_count, 2);
-    assert_eq!(group.measures.get("weight_g"), Some(&(1200 + 1202 + 7)));
+    assert_eq!(group.items[3].deadline_ms, Some(far));
+    assert_eq!(group.measures.get("weight_g"), Some(&(1200 + 1202 + 7 + 5)));
     assert_eq!(group.measures.get("volume_cm3"), Some(&100_000));
 
     let batches = store.flush("k", FlushReason::Manual).await.unwrap();
     let items = &batches[0].items;
-    assert_eq!(items.len(), 3);
+    assert_eq!(items.len(), 4);
     assert_eq!(items[0].measures.get("volume_cm3"), Some(&50_000));
     assert_eq!(items[0].deadline_ms, Some(far));
     assert_eq!(items[1].payload, format!("{:0>32}", 2).into_bytes());
     assert_eq!(items[2].measures.get("weight_g"), Some(&7));
     assert_eq!(items[2].payload, b"old");
+    assert_eq!(items[3].measures.get("weight_g"), Some(&5));
+    assert_eq!(items[3].payload, b"mid");
+}
+
+fn weighed(id: &str, measures: &[(&str, u64)]) -> Item {
+    let mut item = Item::new(id, format!("p-{id}"));
+    item.measures = measures.iter().map(|(n, v)| (n.to_string(), *v)).collect();
+    item
+}
+
+fn with_capacity(capacity: &[(&str, u64)]) -> Policy {
+    Policy {
+        capacity: Arc::new(capacity.iter().map(|(n, v)| (n.to_string(), *v)).collect()),
+        ..Policy::basic(100, Duration::from_secs(600), None)
+    }
+}
+
+/// The sums a capacity decision reads are the group's own: after a reload
+/// took the capacity away and items came in, after a Remove, and after a
+/// reload that names other measures, whose packed items keep every measure.
+#[tokio::test]
+async fn capacity_sums_follow_reloads_and_removes() {
+    let redis = RedisServer::start();
+    let kg = with_capacity(&[("kg", 10)]);
+    let store = open(&redis, &kg);
+    add(&store, &kg, weighed("a", &[("kg", 4), ("l", 2)]), false).await;
+    // No capacity for a while: b's 5 kg are not summed as it comes in.
+    let none = with_capacity(&[]);
+    add(&store, &none, weighed("b", &[("kg", 5), ("l", 3)]), false).await;
+    // Back to 10 kg: 4 + 5 + 2 would be 11, so c opens the next group.
+    let c = add(&store, &kg, weighed("c", &[("kg", 2), ("l", 4)]), false).await;
+    assert_eq!(ids(&c), [["a", "b"]], "the sums missed b's 5 kg");
+    assert_eq!(c.flushed[0].reason, FlushReason::Capacity);
+    assert_eq!(c.flushed[0].items[1].measures.get("l"), Some(&3));
+
+    // c (2 kg) and d (6 kg) are 8; without d, e's 7 kg fit beside c.
+    add(&store, &kg, weighed("d", &[("kg", 6), ("l", 1)]), false).await;
+    assert!(store.remove("k", b"d").await.unwrap().0);
+    let e = add(&store, &kg, weighed("e", &[("kg", 7), ("l", 5)]), false).await;
+    assert!(
+        e.flushed.is_empty(),
+        "the sums kept the removed item's 6 kg"
+    );
+
+    // Now litres are the capacity: c's 4 and e's 5 are 9 of 10, so f's 2 l
+    // do not fit; the batch still has every item's kilograms and litres.
+    let litres = with_capacity(&[("l", 10)]);
+    let f = add(&store, &litres, weighed("f", &[("kg", 1), ("l", 2)]), false).await;
+    assert_eq!(ids(&f), [["c", "e"]], "c and e hold 9 l");
+    let c_back = &f.flushed[0].items[0];
+    assert_eq!(
+        c_back.measures,
+        weighed("c", &[("kg", 2), ("l", 4)]).measures
+    );
+    let g = add(&store, &litres, weighed("g", &[("kg", 9), ("l", 8)]), false).await;
+    assert_eq!(ids(&g), [["f", "g"]], "2 + 8 reaches 10 l");
+    assert_eq!(g.flushed[0].items[0].measures.get("kg"), Some(&1));
 }

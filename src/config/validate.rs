@@ -22,7 +22,7 @@ use super::{
     Config, KeyPolicy, Limits, MAX_ID_BYTES_LIMIT, MAX_PAYLOAD_BYTES_LIMIT, MAX_SHARDS,
     MAX_WAIT_LIMIT, PolicyDefaults, RedisConfig,
 };
-use crate::policy::{MAX_MEASURE, measure_name_ok};
+use crate::policy::{MAX_CAPACITY_MEASURES, MAX_MEASURE, measure_name_ok};
 
 /// The URL schemes the redis crate connects with.
 const REDIS_SCHEMES: [&str; 4] = ["redis://", "rediss://", "redis+unix://", "unix://"];
@@ -336,6 +336,10 @@ impl PolicyFields<'_> {
                 "must be at least 1 when set, got 0".to_owned()
             })?;
         }
+        let named = self.capacity.map_or(0, BTreeMap::len);
+        ensure(named <= MAX_CAPACITY_MEASURES, table, "capacity", || {
+            format!("names {named} measures, more than the {MAX_CAPACITY_MEASURES} allowed")
+        })?;
         for (name, &value) in self.capacity.into_iter().flatten() {
             ensure(measure_name_ok(name), table, "capacity", || {
                 format!("{name:?} is not a measure name: use 1 to 64 of A-Z a-z 0-9 _ - .")

@@ -18,14 +18,14 @@
 --   ('name=v;name=v', '' for none)
 -- then, per item, 4 arguments: its group number g, followed by 'c' to close
 --   the group and 'q' .. batch_id for a requeued item; its id; its payload;
---   and '' or its values then its ext (see batch_lib): the values are
---   little-endian doubles, its deadline (0 = none) and then its measure for
---   each of the group's capacity names in order, so that the script reads
---   them without parsing text
+--   and '' or its packed ext (see batch_lib), whose values are its deadline
+--   (0 = none) and then its measure for each of the group's capacity names
+--   in order, so that the script reads them without parsing text, and which
+--   the group's hash stores as it comes
 -- Returns: {earliest due (ms) among groups whose due time this call set, or
 --   0, then per item 3 values: outcome (1 added, 2 duplicate), group size
 --   after, the batches it wrote or false}
---   where a batch is {stream_id, reason, opened, flushed, n, items, x}
+--   where a batch is {stream_id, reason, opened, flushed, n, items, x, names}
 --
 -- The work is done per group, not per item: one ZMSCORE checks every id of
 -- the call against the flushed set, one HMGET per group reads its counters
@@ -37,6 +37,25 @@ local ctx = context(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]))
 local requeued_key = KEYS[4]
 local ngroups = tonumber(ARGV[2])
 local first = 3 + 7 * ngroups
+
+-- Unpacks `count` values of struct `layout` from `packed` at `at` into t,
+-- which it returns: a table made anew from them for every group and item
+-- was a good part of a call's cost, most of it the garbage collector's.
+local function unpack_into(t, count, layout, packed, at)
+  if count == 3 then
+    t[1], t[2], t[3] = struct.unpack(layout, packed, at)
+  elseif count == 4 then
+    t[1], t[2], t[3], t[4] = struct.unpack(layout, packed, at)
+  elseif count == 2 then
+    t[1], t[2] = struct.unpack(layout, packed, at)
+  elseif count == 5 then
+    t[1], t[2], t[3], t[4], t[5] = struct.unpack(layout, packed, at)
+  else
+    local all = { struct.unpack(layout, packed, at) }
+    for k = 1, count do t[k] = all[k] end
+  end
+  return t
+end
 
 -- The call's items (see batch_lib); held items a flush reads back from a
 -- group's hash are appended after them.
@@ -58,7 +77,7 @@ local max_wait, open_rules, caps = presized(G), presized(G), presized(G)
 local size, bytes, seq, stored = presized(G), presized(G), presized(G), presized(G)
 local indexed, reopened, opened, due_at, why = presized(G), presized(G), presized(G), presized(G), presized(G)
 local rules, xs, sums = presized(G), presized(G), presized(G)
-local due_dirty, rules_dirty, sums_dirty = presized(G), presized(G), presized(G)
+local due_dirty, rules_dirty = presized(G), presized(G)
 local first_arrival, last_arrival, next_arrival = presized(G), presized(G), presized(n)
 local first_pending, last_pending, next_pending = presized(G), presized(G), presized(n)
 local capacities = {}
@@ -73,23 +92,25 @@ for g = 1, ngroups do
     caps[g] = false
   else
     -- Groups of one policy share its capacity's table: {limits, names, the
-    -- sums' hash field, an item's values' struct layout, where an item's
-    -- ext starts after them, the sums' struct layout, name -> position}.
-    -- Sums and limits are arrays in the order of the names.
+    -- sums' hash field, an item's values' struct layout, how many names, the
+    -- sums' struct layout, name -> position, an item's values, the sums}.
+    -- Sums and limits are arrays in the order of the names. Groups are
+    -- taken one at a time, so the group at hand's sums and the item at
+    -- hand's values can be the same table each time.
     caps[g] = capacities[cap]
     if not caps[g] then
       local by_name, names = parse_sums(cap)
       local limits, index = {}, {}
       for k = 1, #names do limits[k], index[names[k]] = by_name[names[k]], k end
       caps[g] = { limits, names, '=' .. table.concat(names, ';'),
-        '<' .. string.rep('d', #names + 1), 8 * (#names + 1) + 1,
-        '<' .. string.rep('d', #names), index }
+        '<' .. string.rep('d', #names + 1), #names,
+        '<' .. string.rep('d', #names + 2), index, {}, {} }
       capacities[cap] = caps[g]
     end
   end
   size[g], bytes[g], seq[g], stored[g], indexed[g], reopened[g], opened[g], due_at[g] = 0, 0, 0, 0, false, false, '', 0
   why[g], rules[g], xs[g], sums[g] = false, false, '', false
-  due_dirty[g], rules_dirty[g], sums_dirty[g] = false, false, false
+  due_dirty[g], rules_dirty[g] = false, false
 end
 
 -- Every item's flushed-set member, its flags, and its chain of arrivals.
@@ -131,43 +152,70 @@ local function append(g, p)
   size[g], bytes[g] = size[g] + 1, bytes[g] + #payloads[p]
 end
 
+-- Sets group g's sums of its capacity measures to 0.
+local function zero_sums(g)
+  local s = caps[g][9]
+  for k = 1, caps[g][5] do s[k] = 0 end
+  sums[g] = s
+end
+
 -- Adds an item's measures to group g's sums of its capacity measures.
 local function add_measures(g, measures)
   local s, index = sums[g], caps[g][7]
   for k = 1, #measures, 2 do
     local m = index[measures[k]]
-    if m then s[m], sums_dirty[g] = s[m] + measures[k + 1], true end
+    if m then s[m] = s[m] + measures[k + 1] end
   end
 end
 
--- Group g's sums of its capacity measures, from its items (for a group
--- opened before a reload named a new capacity measure).
+-- Group g's sums of its capacity measures, from its items, for a group
+-- whose sums field is missing or stale: one opened under another capacity
+-- before a reload (its packed exts hold the other's measures, so they are
+-- written again as text, and the other's field goes), or one that took or
+-- lost items under a policy without this capacity. Runs before the call's
+-- arrivals.
 local function sum_items(g)
-  local s = {}
-  for k = 1, #caps[g][2] do s[k] = 0 end
-  sums[g], sums_dirty[g] = s, true
-  local seen, list = {}, false
-  if stored[g] > 0 then
-    local _, held = load_group(KEYS[4 + g], it)
-    list = held
-  end
-  for _, p in ipairs(list or {}) do seen[#seen + 1] = p end
-  local p = first_pending[g]
-  while p do
-    seen[#seen + 1] = p
-    p = next_pending[p]
-  end
-  for k = 1, #seen do
-    if exts[seen[k]] ~= '' then
-      local _, measures = parse_ext(exts[seen[k]])
+  local cap, gkey = caps[g], KEYS[4 + g]
+  zero_sums(g)
+  local meta, held, field = load_group(gkey, it)
+  local same = field == cap[3]
+  local names = same and cap[2] or (field and field_names(field))
+  local rewrite = {}
+  for _, p in ipairs(held) do
+    local ext = exts[p]
+    if ext ~= '' then
+      local _, measures = parse_ext(ext, names)
       if measures then add_measures(g, measures) end
+      if not same and byte(ext, 1) == 43 then
+        ext = ext_text(ext, names)
+        exts[p] = ext
+        rewrite[#rewrite + 1], rewrite[#rewrite + 2] = ':' .. ids[p], dec(seqs[p]) .. ',' .. payloads[p]
+        if ext ~= '' then rewrite[#rewrite + 1], rewrite[#rewrite + 2] = ';' .. ids[p], ext end
+      end
     end
   end
+  if #rewrite > 0 then chunked('HSET', gkey, rewrite) end
+  for f in pairs(meta) do
+    if byte(f, 1) == 61 and f ~= cap[3] then call('HDEL', gkey, f) end -- '='
+  end
+end
+
+-- Group g's due rules (see batch_lib's x), parsed from its x when first
+-- needed, or false for a plain group. Most calls need none: a group whose
+-- cutoff has passed is due (see the arrivals), and only a new group, an
+-- earlier deadline or a hold that ends can move a due time earlier.
+local function rules_of(g)
+  local r = rules[g]
+  if not r and xs[g] ~= '' then
+    r = parse_rules(xs[g])
+    rules[g] = r
+  end
+  return r
 end
 
 -- Group g's due rules as a table, made from its plain due time if needed.
 local function ensure_rules(g)
-  if not rules[g] then
+  if not rules_of(g) then
     local o, d = opened[g], due_at[g]
     if stored[g] > 0 and not reopened[g] then o = call('HGET', KEYS[4 + g], 'o') end
     rules[g] = { d - tonumber(o), 0, 0, 0, 0, 0, tonumber(o) }
@@ -186,8 +234,9 @@ end
 -- due time that only moved later (max_idle) stays as it is, an early
 -- wake-up at which the flush script finds the real due time and re-arms.
 local function rearm(g)
-  if rules[g] then
-    local due, reason = due_of(rules[g], now, size[g], min_items[g], now)
+  local r = rules_of(g)
+  if r then
+    local due, reason = due_of(r, now, size[g], min_items[g], now)
     if due_at[g] == 0 or due < due_at[g] then set_due(g, due, reason) end
   end
 end
@@ -197,11 +246,7 @@ end
 local opening = {}
 local function open_group(g)
   opened[g], reopened[g] = ctx.now_s, true
-  if caps[g] then
-    local s = {}
-    for k = 1, #caps[g][2] do s[k] = 0 end
-    sums[g], sums_dirty[g] = s, true
-  end
+  if caps[g] then zero_sums(g) end
   local r = open_rules[g]
   if r == '' then
     rules[g], xs[g] = false, ''
@@ -239,7 +284,6 @@ local function fill(g, values, force)
     s[k] = total
     if total >= limits[k] then full = 'full' end
   end
-  sums_dirty[g] = true
   return full
 end
 
@@ -248,10 +292,10 @@ end
 -- flush writes full batches only (more than one when max_items was lowered
 -- by a reload while the group was open) and keeps the rest open.
 local function flush_open(g, reason, batches)
-  local list = {}
+  local list, field = {}, false
   if stored[g] > 0 then
     local meta
-    meta, list = load_group(KEYS[4 + g], it)
+    meta, list, field = load_group(KEYS[4 + g], it)
     if not reopened[g] then opened[g] = meta.o end
     call('DEL', KEYS[4 + g])
     stored[g] = 0
@@ -261,32 +305,36 @@ local function flush_open(g, reason, batches)
     list[#list + 1] = p
     p = next_pending[p]
   end
+  -- The names of the packed exts' measures: the capacity's (see sum_items),
+  -- or with none in force, those of the field the group was written with.
+  local names = caps[g] and caps[g][3] or field
   local size_cut = reason == REASON.SIZE
-  local written, from = cut(ctx, name[g], reason, opened[g], it, list, size_cut and max_items[g] or 0, size_cut)
+  local written, from = cut(ctx, name[g], reason, opened[g], it, list, size_cut and max_items[g] or 0, size_cut, names)
   batches = batches or {}
   for k = 1, #written do batches[#batches + 1] = written[k] end
   first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
   if from > #list then return batches end
   -- The rest stays open, as it was: its sums and earliest deadline anew.
-  if caps[g] then
-    local s = {}
-    for k = 1, #caps[g][2] do s[k] = 0 end
-    sums[g], sums_dirty[g] = s, true
-  end
-  if rules[g] then rules[g][6], rules_dirty[g] = 0, true end
+  -- Without a capacity in force no field names its packed exts' measures
+  -- any more, so they are kept as text.
+  if caps[g] then zero_sums(g) end
+  local r = rules_of(g)
+  if r then r[6], rules_dirty[g] = 0, true end
+  local list_names = caps[g] and caps[g][2] or (field and field_names(field))
   for r = from, #list do
     p = list[r]
     append(g, p)
     if exts[p] ~= '' then
-      local deadline, measures = parse_ext(exts[p])
+      local deadline, measures = parse_ext(exts[p], list_names)
       if measures and caps[g] then add_measures(g, measures) end
-      if deadline and rules[g] and (rules[g][6] == 0 or deadline < rules[g][6]) then rules[g][6] = deadline end
+      if deadline and r and (r[6] == 0 or deadline < r[6]) then r[6] = deadline end
+      if not caps[g] then exts[p] = ext_text(exts[p], list_names) end
     end
   end
   -- A plain group keeps its due time; one with rules gets it from them.
   local due = due_at[g]
   due_at[g] = 0
-  if rules[g] then rearm(g) else set_due(g, due, REASON.TIMEOUT) end
+  if r then rearm(g) else set_due(g, due, REASON.TIMEOUT) end
   return batches
 end
 
@@ -322,11 +370,11 @@ for g = 1, ngroups do
     stored[g], indexed[g] = size[g], true
     -- (A group written before x existed has the plain rules.)
     xs[g], due_at[g] = values[4] or '', tonumber(values[5])
-    if xs[g] ~= '' then
-      rules[g] = parse_rules(xs[g])
-    end
     if names then
-      if values[6] then sums[g] = { struct.unpack(caps[g][6], values[6]) } else sum_items(g) end
+      -- The sums, unless missing or stale (see batch_lib's layout).
+      local packed, count = values[6], caps[g][5]
+      local s = packed and #packed == 8 * (count + 2) and unpack_into(caps[g][9], count + 2, caps[g][6], packed, 1)
+      if s and s[count + 1] == seq[g] and s[count + 2] == size[g] then sums[g] = s else sum_items(g) end
     end
   end
   i = first_arrival[g]
@@ -362,20 +410,20 @@ for g = 1, ngroups do
       if exts[i] ~= '' then
         local cap = caps[g]
         if cap then
-          values = { struct.unpack(cap[4], exts[i]) }
+          values = unpack_into(cap[8], cap[5] + 1, cap[4], exts[i], 3)
           deadline = values[1]
-          exts[i] = sub(exts[i], cap[5])
         else
-          deadline = struct.unpack('<d', exts[i])
-          exts[i] = sub(exts[i], 9)
+          deadline = struct.unpack('<d', exts[i], 3)
         end
         if deadline == 0 then deadline = false end
       end
       local batches = false
-      -- A group whose cutoff has passed takes no more items; nor one the
-      -- item would push past a capacity.
-      if size[g] > 0 and rules[g] and rules[g][3] > 0 and rules[g][3] <= now then
-        batches = flush_open(g, REASON.CUTOFF, batches)
+      -- A group whose cutoff has passed takes no more items (it is due
+      -- then: a due time is never after the cutoff); nor one the item would
+      -- push past a capacity.
+      if size[g] > 0 and due_at[g] <= now then
+        local r = rules_of(g)
+        if r and r[3] > 0 and r[3] <= now then batches = flush_open(g, REASON.CUTOFF, batches) end
       end
       local full = false
       if size[g] > 0 and caps[g] then
@@ -433,19 +481,29 @@ for g = 1, ngroups do
       end
     end
     if whole or rules_dirty[g] then
-      if rules[g] then xs[g] = format_rules(rules[g]) end
+      if rules_of(g) then xs[g] = format_rules(rules[g]) end
       args[#args + 1], args[#args + 2] = 'x', xs[g]
     end
-    if sums_dirty[g] then
-      args[#args + 1], args[#args + 2] = caps[g][3], struct.pack(caps[g][6], unpack(sums[g], 1, #caps[g][2]))
+    if caps[g] then
+      -- Written with every change of s or n, which date them.
+      local cap, s = caps[g], sums[g]
+      s[cap[5] + 1], s[cap[5] + 2] = seq[g], size[g]
+      args[#args + 1], args[#args + 2] = cap[3], struct.pack(cap[6], unpack(s, 1, cap[5] + 2))
     end
     i = first_pending[g]
     while i do
+      local ext, seq_s = exts[i], dec(seqs[i])
+      local plain = #seq_s + 1 + #payloads[i]
       args[#args + 1] = ':' .. ids[i]
-      args[#args + 1] = dec(seqs[i]) .. ',' .. payloads[i]
-      if exts[i] ~= '' then
-        args[#args + 1] = ';' .. ids[i]
-        args[#args + 1] = exts[i]
+      if ext == '' then
+        args[#args + 1] = seq_s .. ',' .. payloads[i]
+      elseif byte(ext, 1) == 43 and (plain + #ext <= 64 or plain > 64) then
+        -- Packed, in the value, unless that alone would take the value past
+        -- the 64 bytes of the compact encoding.
+        args[#args + 1] = ext .. seq_s .. ',' .. payloads[i]
+      else
+        args[#args + 1] = seq_s .. ',' .. payloads[i]
+        args[#args + 1], args[#args + 2] = ';' .. ids[i], ext
       end
       i = next_pending[i]
     end

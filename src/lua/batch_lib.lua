@@ -15,24 +15,38 @@
 --       max_age, the earliest item deadline, and opened-at again, so that
 --       one field holds all a rule needs and reads without parsing text
 --   '=' .. the capacity's measure names joined by ';' (in the capacity's
---       order) = their sums over the items, as little-endian doubles, one
---       per name (struct '<d...'), so that the add script reads and writes
---       them as one field without parsing text; a reload that renames the
---       measures leaves the old field behind, unread
---   ':' .. item_id = seq .. ',' .. payload
---   ';' .. item_id = the item's ext, only for an item that has one
--- An item's ext holds what it carries besides its payload, as ';'-separated
--- fields: 'r' .. requeue count, 't' .. deadline (ms), 'm' .. name .. '=' .. value.
--- It is a field of its own so that a small item's measures do not push its
--- value past Redis's compact (listpack) hash encoding, whose values are at
--- most 64 bytes by default: a parcel's ext and payload together often are
--- more. (Groups opened by older versions hold it in the item's value, as
--- seq .. ';' .. ext .. ',' .. payload, which the readers still accept.)
+--       order) = their sums over the items, then the group's s and n when
+--       they were written, as little-endian doubles (struct '<d...dd'), so
+--       that the add script reads and writes them as one field without
+--       parsing text, and knows them stale when s or n has moved since (the
+--       group took items, or lost one, under a policy without this
+--       capacity). A group holds at most one such field, and it names the
+--       measures of its packed exts (below).
+--   ':' .. item_id = seq .. ',' .. payload, for an item with no ext, or
+--       ext .. seq .. ',' .. payload, for an item with a packed ext
+--   ';' .. item_id = the item's ext instead, when it is text (the rest of a
+--       group opened before packed exts existed) or when the packed ext in
+--       the value would take a short value past 64 bytes (see below)
+-- An item's ext holds what it carries besides its payload. Packed (as the
+-- service sends it): '+', then a byte k, then k little-endian doubles (its
+-- deadline in ms or 0, then its value of each measure the group's '=' field
+-- names, in that order, -0 for none), then as text its other measures and
+-- its requeue count, then '|'. A parcel's packed ext is short enough (27
+-- bytes for two measures) that its value stays within Redis's compact
+-- (listpack) hash encoding, whose values are at most 64 bytes by default,
+-- and one field per item is all a group writes and reads. Text (as older
+-- versions wrote it, and the form a packed ext takes when a reload renames
+-- the group's capacity): ';'-separated fields 'r' .. requeue count,
+-- 't' .. deadline (ms), 'm' .. name .. '=' .. value. (Older still, a text
+-- ext in the item's value: seq .. ';' .. ext .. ',' .. payload.) Measure
+-- names are of A-Z a-z 0-9 _ - . only, so the text never holds ',', '|'.
 --
 -- A batch in the shard stream has the fields key, reason, opened, flushed, n
 -- and items, where items is the concatenation, in arrival order, of
 -- #id .. ':' .. id .. #payload .. ':' .. payload for each item; and, when
--- any of its items has an ext, x: the concatenation of #ext .. ':' .. ext.
+-- any of its items has an ext, x: the concatenation of #ext .. ':' .. ext,
+-- and, when its group has a capacity field, names: that field's name (the
+-- names of the measures its items' packed exts hold).
 --
 -- Items live in four arrays indexed alike, `it.seq`, `it.id`, `it.payload`
 -- and `it.ext`, and a group's items are a list of indexes into them. Plain
@@ -107,13 +121,32 @@ local function flushed_prefix(key)
   return dec(#key) .. ':' .. key
 end
 
+-- An item's ':' field value split: its seq (as text), its ext ('' for
+-- none, or its packed or old-style text ext) and where its payload starts.
+local function split_value(v)
+  local from = 1
+  local ext = ''
+  if byte(v, 1) == 43 then -- '+': a packed ext, up to its '|'
+    from = find(v, '|', 3 + 8 * byte(v, 2), true) + 1
+    ext = sub(v, 1, from - 1)
+  end
+  local comma = find(v, ',', from, true)
+  local head = sub(v, from, comma - 1)
+  if from == 1 then
+    local semi = find(head, ';', 1, true)
+    if semi then head, ext = sub(head, 1, semi - 1), sub(head, semi + 1) end
+  end
+  return head, ext, comma + 1
+end
+
 -- Appends a group's items to `it`, in arrival order, and returns the group's
--- metadata and the list of their indexes. A small hash (listpack) returns its
--- fields in insertion order, which is arrival order, so the list is sorted
--- only when it is not already.
+-- metadata, the list of their indexes and its capacity field's name (the
+-- names of its packed exts' measures; false: none). A small hash (listpack)
+-- returns its fields in insertion order, which is arrival order, so the list
+-- is sorted only when it is not already.
 local function load_group(gkey, it)
   local flat = call('HGETALL', gkey)
-  local meta, list, sorted, last, ext_of = {}, {}, true, 0, false
+  local meta, list, sorted, last, ext_of, names = {}, {}, true, 0, false, false
   local seqs, ids, payloads, exts = it.seq, it.id, it.payload, it.ext
   local top = #ids
   for i = 1, #flat, 2 do
@@ -121,20 +154,18 @@ local function load_group(gkey, it)
     local kind = byte(f, 1)
     if kind == 58 then -- ':'
       local v = flat[i + 1]
-      local comma = find(v, ',', 1, true)
-      local head, ext = sub(v, 1, comma - 1), ''
-      local semi = find(head, ';', 1, true)
-      if semi then head, ext = sub(head, 1, semi - 1), sub(head, semi + 1, comma - 1) end
+      local head, ext, at = split_value(v)
       local seq = num(head)
       if seq < last then sorted = false end
       last = seq
       top = top + 1
-      seqs[top], ids[top], payloads[top], exts[top] = seq, sub(f, 2), sub(v, comma + 1), ext
+      seqs[top], ids[top], payloads[top], exts[top] = seq, sub(f, 2), sub(v, at), ext
       list[#list + 1] = top
     elseif kind == 59 then -- ';'
       ext_of = ext_of or {}
       ext_of[sub(f, 2)] = flat[i + 1]
     else
+      if kind == 61 then names = f end -- '='
       meta[f] = flat[i + 1]
     end
   end
@@ -147,13 +178,14 @@ local function load_group(gkey, it)
   if not sorted then
     table.sort(list, function(a, b) return seqs[a] < seqs[b] end)
   end
-  return meta, list
+  return meta, list, names
 end
 
 -- Writes the items list[from..to] as one batch to the shard stream and
--- records their ids as recently flushed. Returns the batch as
--- {stream_id, reason, opened, flushed, n, items, x}.
-local function write_batch(ctx, key, reason, opened, it, list, from, to)
+-- records their ids as recently flushed; `names` is the group's capacity
+-- field (see load_group). Returns the batch as
+-- {stream_id, reason, opened, flushed, n, items, x, names}.
+local function write_batch(ctx, key, reason, opened, it, list, from, to, names)
   local parts, members, xparts, extras = {}, {}, {}, false
   local prefix, expire = flushed_prefix(key), ctx.expire
   local ids, payloads, exts = it.id, it.payload, it.ext
@@ -172,7 +204,11 @@ local function write_batch(ctx, key, reason, opened, it, list, from, to)
   local blob = table.concat(parts)
   local n = dec(to - from + 1)
   local x, stream_id = ''
-  if extras then
+  if extras and names then
+    x = table.concat(xparts)
+    stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason,
+      'opened', opened, 'flushed', ctx.now_s, 'n', n, 'items', blob, 'x', x, 'names', names)
+  elseif extras then
     x = table.concat(xparts)
     stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason,
       'opened', opened, 'flushed', ctx.now_s, 'n', n, 'items', blob, 'x', x)
@@ -182,20 +218,20 @@ local function write_batch(ctx, key, reason, opened, it, list, from, to)
   end
   chunked('ZADD', ctx.flushed, members)
   ctx.written = ctx.written + to - from + 1
-  return { stream_id, reason, opened, ctx.now_s, n, blob, x }
+  return { stream_id, reason, opened, ctx.now_s, n, blob, x, extras and names or '' }
 end
 
 -- Flushes the items `list` (in arrival order) oldest first, in batches of at
 -- most `max` items (0: one batch of all). With `full_only`, only full batches
--- are written and a short rest stays open. Returns the batches and the index
--- in `list` of the first item left open.
-local function cut(ctx, key, reason, opened, it, list, max, full_only)
+-- are written and a short rest stays open. `names`: see write_batch. Returns
+-- the batches and the index in `list` of the first item left open.
+local function cut(ctx, key, reason, opened, it, list, max, full_only, names)
   local batches, from, n = {}, 1, #list
   while from <= n do
     local to = n
     if max > 0 and to - from + 1 > max then to = from + max - 1 end
     if full_only and to - from + 1 < max then break end
-    batches[#batches + 1] = write_batch(ctx, key, reason, opened, it, list, from, to)
+    batches[#batches + 1] = write_batch(ctx, key, reason, opened, it, list, from, to, names)
     from = to + 1
   end
   return batches, from
@@ -252,10 +288,18 @@ local function parse_sums(m)
   return sums, order
 end
 
--- An item ext's deadline (or false) and measures ({name, value, ...} or false).
-local function parse_ext(ext)
-  local deadline, measures, count = false, false, 0
-  local at, len = 1, #ext
+-- The measure names of a capacity field ('=' .. names joined by ';').
+local function field_names(field)
+  local names = {}
+  for name in string.gmatch(sub(field, 2), '[^;]+') do names[#names + 1] = name end
+  return names
+end
+
+-- Reads a text ext's fields from `at` (see the layout above) into deadline
+-- and measures ({name, value, ...}), and returns them.
+local function parse_text(ext, at, deadline, measures)
+  local len = #ext
+  local count = measures and #measures or 0
   while at <= len do
     local stop = find(ext, ';', at, true) or len + 1
     local kind = byte(ext, at)
@@ -271,4 +315,42 @@ local function parse_ext(ext)
     at = stop + 1
   end
   return deadline, measures
+end
+
+-- An item ext's deadline (or false) and measures ({name, value, ...} or
+-- false). `names`: the measure names of its group's capacity field, as a
+-- list, for a packed ext's values (false: they are not read).
+local function parse_ext(ext, names)
+  if byte(ext, 1) ~= 43 then return parse_text(ext, 1, false, false) end
+  local k = byte(ext, 2)
+  local values = { struct.unpack('<' .. string.rep('d', k), ext, 3) }
+  local deadline, measures = values[1] ~= 0 and values[1], false
+  if names and k > 1 and #names == k - 1 then
+    measures = {}
+    for j = 2, k do
+      local v = values[j]
+      if v ~= 0 or 1 / v > 0 then -- -0: the item has no such measure
+        measures[#measures + 1], measures[#measures + 2] = names[j - 1], v
+      end
+    end
+  end
+  local text = sub(ext, 3 + 8 * k, -2)
+  if text == '' then return deadline, measures end
+  return parse_text(text, 1, deadline, measures)
+end
+
+-- A packed ext as text (see the layout above), given its capacity's names.
+local function ext_text(ext, names)
+  if byte(ext, 1) ~= 43 then return ext end
+  local deadline, measures = parse_ext(ext, names)
+  local fields = {}
+  if deadline then fields[1] = format('t%d', deadline) end
+  for j = 1, measures and #measures or 0, 2 do
+    fields[#fields + 1] = format('m%s=%d', measures[j], measures[j + 1])
+  end
+  local k = byte(ext, 2)
+  for field in string.gmatch(sub(ext, 3 + 8 * k, -2), '[^;]+') do
+    if byte(field, 1) == 114 then fields[#fields + 1] = field end -- 'r'
+  end
+  return table.concat(fields, ';')
 end

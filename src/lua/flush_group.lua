@@ -16,9 +16,10 @@
 -- ARGV[3]: dedup window (ms)
 -- ARGV[4]: max_items in force for the key
 -- ARGV[5]: min_items in force for the key (0 = none)
--- Returns: {due, batches}: the group's due time (ms) and the batches written, each
---   {stream_id, reason, opened, flushed, n, items, x}; {0, {}} when there is no open
---   group (or, by due time, it is not yet due), {new due, {}} when it is held
+-- Returns: {due, batches}: the group's due time (ms) and the batches
+--   written, each {stream_id, reason, opened, flushed, n, items, x, names};
+--   {0, {}} when there is no open group (or, by due time, it is not yet
+--   due), {new due, {}} when it is held
 
 local ctx = context(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[3]))
 local gkey, key, reason, max_items = KEYS[4], ARGV[1], ARGV[2], tonumber(ARGV[4])
@@ -46,10 +47,10 @@ if reason == REASON.TIMEOUT then
 end
 
 local it = { seq = {}, id = {}, payload = {}, ext = {} }
-local meta, list = load_group(gkey, it)
+local meta, list, names = load_group(gkey, it)
 local batches = {}
 if #list > 0 then
-  batches = cut(ctx, key, reason, meta.o, it, list, max_items, false)
+  batches = cut(ctx, key, reason, meta.o, it, list, max_items, false, names)
 end
 call('DEL', gkey)
 call('ZREM', ctx.due, key)

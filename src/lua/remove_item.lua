@@ -18,10 +18,8 @@ local v = got[1]
 if not v then
   return { 0, tonumber(call('HGET', gkey, 'n') or '0') }
 end
-local comma = find(v, ',', 1, true)
-local head, ext = sub(v, 1, comma - 1), got[2] or ''
-local semi = find(head, ';', 1, true)
-if semi then ext = sub(head, semi + 1) end
+local _, ext, at = split_value(v)
+ext = got[2] or ext
 if got[2] then
   call('HDEL', gkey, ':' .. id, ';' .. id)
 else
@@ -29,35 +27,39 @@ else
 end
 local size = call('HINCRBY', gkey, 'n', -1)
 -- 0 - x, not -x: Lua formats -0 as "-0", which HINCRBY refuses.
-call('HINCRBY', gkey, 'b', 0 - (#v - comma))
+call('HINCRBY', gkey, 'b', 0 - (#v - at + 1))
 if size <= 0 then
   call('DEL', gkey)
   call('ZREM', due_key, key)
   return { 1, 0 }
 end
-if ext == '' then return { 1, size } end
 
-local deadline, measures = parse_ext(ext)
+-- The sums field, if the group has it, names the packed ext's measures
+-- (see batch_lib); it loses the item's, and is dated anew.
 local sums_field = ARGV[4]
-if measures and sums_field ~= '' then
-  local packed = call('HGET', gkey, sums_field)
-  if packed then
-    local index, count = {}, 0
-    for name in string.gmatch(sub(sums_field, 2), '[^;]+') do
-      count = count + 1
-      index[name] = count
+local packed = sums_field ~= '' and call('HGET', gkey, sums_field)
+local names = packed and field_names(sums_field)
+local deadline, measures = false, false
+if ext ~= '' then deadline, measures = parse_ext(ext, names) end
+if packed and #packed == 8 * (#names + 2) then
+  local count = #names
+  local index = {}
+  for k = 1, count do index[names[k]] = k end
+  local layout = '<' .. string.rep('d', count + 2)
+  local sums = { struct.unpack(layout, packed) }
+  local s_now = tonumber(call('HGET', gkey, 's'))
+  if sums[count + 1] == s_now and sums[count + 2] == size + 1 then
+    for k = 1, #(measures or {}), 2 do
+      local m = index[measures[k]]
+      if m then sums[m] = sums[m] - measures[k + 1] end
     end
-    local layout = '<' .. string.rep('d', count)
-    local sums = { struct.unpack(layout, packed) }
-    for k = 1, #measures, 2 do
-      local at = index[measures[k]]
-      if at then sums[at] = sums[at] - measures[k + 1] end
-    end
-    call('HSET', gkey, sums_field, struct.pack(layout, unpack(sums, 1, count)))
+    sums[count + 2] = size
+    call('HSET', gkey, sums_field, struct.pack(layout, unpack(sums, 1, count + 2)))
   end
 end
+if not deadline then return { 1, size } end
 local meta = call('HMGET', gkey, 'l', 'x')
-if deadline and meta[2] and meta[2] ~= '' then
+if meta[2] and meta[2] ~= '' then
   local rules = parse_rules(meta[2])
   if rules[6] == deadline then
     -- The earliest deadline left, from the items still in the group.

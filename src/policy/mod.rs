@@ -69,6 +69,11 @@ impl Policy {
 /// doubles, and sums up to this stay exact.
 pub const MAX_MEASURE: u64 = (1 << 53) - 1;
 
+/// The most measures a capacity may name: an item's packed ext (see
+/// `src/store/ext.rs`) counts its values in one byte, and every measure a
+/// capacity names costs every add of its keys a little.
+pub const MAX_CAPACITY_MEASURES: usize = 64;
+
 /// Whether `name` may name a measure: 1 to 64 of A-Z a-z 0-9 _ - . (the
 /// scripts separate measures with other characters).
 pub fn measure_name_ok(name: &str) -> bool {

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::ext;
 use crate::batch::Item;
 use crate::keys::Keyspace;
 use crate::policy::Policy;
@@ -100,7 +101,7 @@ impl<'a> AddArgs<'a> {
             group.into_bytes(),
             item.id.clone(),
             item.payload.clone(),
-            values_and_ext(item, capacity),
+            ext::packed(item, capacity),
         ]);
         self
     }
@@ -168,43 +169,6 @@ pub(crate) fn sums<'m>(measures: impl Iterator<Item = (&'m String, &'m u64)>) ->
 pub(crate) fn sums_field(capacity: &BTreeMap<String, u64>) -> String {
     let names: Vec<&str> = capacity.keys().map(String::as_str).collect();
     format!("={}", names.join(";"))
-}
-
-/// An item's last add-script argument: `""` for an item with nothing but
-/// an id and a payload; else its values as little-endian doubles (its
-/// deadline or 0, then its measure, or 0, for each name of the group's
-/// `capacity` in order), then its ext.
-fn values_and_ext(item: &Item, capacity: &BTreeMap<String, u64>) -> Vec<u8> {
-    let ext = ext(item);
-    if ext.is_empty() {
-        return Vec::new();
-    }
-    let mut arg = Vec::with_capacity(8 * (1 + capacity.len()) + ext.len());
-    let deadline = item.deadline_ms.unwrap_or(0);
-    arg.extend_from_slice(&(deadline as f64).to_le_bytes());
-    for name in capacity.keys() {
-        let value = item.measures.get(name).copied().unwrap_or(0);
-        arg.extend_from_slice(&(value as f64).to_le_bytes());
-    }
-    arg.extend_from_slice(ext.as_bytes());
-    arg
-}
-
-/// An item's ext (see `src/lua/batch_lib.lua`): `t<deadline ms>` (first,
-/// where the script looks for it), `m<name>=<value>` and `r<requeue count>`
-/// fields joined by `;`, or `""`.
-pub(crate) fn ext(item: &Item) -> String {
-    let mut fields = Vec::new();
-    if let Some(deadline) = item.deadline_ms {
-        fields.push(format!("t{deadline}"));
-    }
-    for (name, value) in &item.measures {
-        fields.push(format!("m{name}={value}"));
-    }
-    if item.requeue_count > 0 {
-        fields.push(format!("r{}", item.requeue_count));
-    }
-    fields.join(";")
 }
 
 fn millis(duration: Duration) -> String {

@@ -9,10 +9,9 @@ use redis::streams;
 use redis::{FromRedisValue, ParsingError, Value, from_redis_value};
 
 use super::add::AddOutcome;
+use super::ext;
 use super::groups::DueScan;
-use crate::batch::{
-    Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_exts, decode_items, parse_ext,
-};
+use crate::batch::{Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items};
 
 impl From<DecodeError> for ParsingError {
     fn from(err: DecodeError) -> ParsingError {
@@ -39,7 +38,7 @@ impl FromRedisValue for FlushReason {
 }
 
 /// A batch as the scripts return it: `{stream_id, reason, opened, flushed, n,
-/// items, x}`. The caller knows its shard and key.
+/// items, x, names}`. The caller knows its shard and key.
 pub(super) struct ScriptBatch {
     stream_id: StreamId,
     reason: FlushReason,
@@ -64,19 +63,24 @@ impl ScriptBatch {
     }
 }
 
+/// The parts of a script's batch, in reply order.
+type ScriptBatchParts = (
+    StreamId,
+    FlushReason,
+    u64,
+    u64,
+    usize,
+    Vec<u8>,
+    Vec<u8>,
+    Vec<u8>,
+);
+
 impl FromRedisValue for ScriptBatch {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let (stream_id, reason, opened_at_ms, flushed_at_ms, count, blob, x): (
-            StreamId,
-            FlushReason,
-            u64,
-            u64,
-            usize,
-            Vec<u8>,
-            Vec<u8>,
-        ) = from_redis_value(v)?;
+        let (stream_id, reason, opened_at_ms, flushed_at_ms, count, blob, x, names): ScriptBatchParts =
+            from_redis_value(v)?;
         let mut items = decode_items(&blob, count)?;
-        decode_exts(&x, &mut items)?;
+        ext::decode_all(&x, &ext::names_of(&names), &mut items)?;
         Ok(ScriptBatch {
             stream_id,
             reason,
@@ -155,10 +159,11 @@ impl FromRedisValue for DueScan {
 
 /// An open group's hash as HGETALL returns it: metadata fields (see
 /// `src/lua/batch_lib.lua`), one `:<id>` field per item, whose value is
-/// `<sequence>,<payload>` (or `<sequence>;<ext>,<payload>` in groups that
-/// older versions opened), and a `;<id>` field holding the ext of an item
-/// that has one. `None` when the group is not open. The key is the
-/// caller's to fill in.
+/// `<sequence>,<payload>` or `<packed ext><sequence>,<payload>` (or
+/// `<sequence>;<ext>,<payload>` in groups that older versions opened), and
+/// a `;<id>` field holding the text ext of an item written with one. The
+/// capacity field `=<names>` names the packed exts' measures. `None` when
+/// the group is not open. The key is the caller's to fill in.
 pub(super) struct GroupHash(pub Option<(Group, Option<Rules>)>);
 
 impl FromRedisValue for GroupHash {
@@ -170,37 +175,25 @@ impl FromRedisValue for GroupHash {
         let mut meta: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut exts: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut held: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut names = Vec::new();
         for (field, value) in fields {
             match field.first() {
                 Some(b':') => held.push((field, value)),
                 Some(b';') => {
                     exts.insert(field[1..].to_vec(), value);
                 }
-                _ => {
+                first => {
+                    if first == Some(&b'=') {
+                        names = ext::names_of(&field);
+                    }
                     meta.insert(field, value);
                 }
             }
         }
         let mut items: Vec<(u64, Item)> = Vec::with_capacity(held.len());
         for (field, value) in held {
-            let id = &field[1..];
-            let comma = value
-                .iter()
-                .position(|b| *b == b',')
-                .ok_or("group item without sequence")?;
-            let head = &value[..comma];
-            let mut item = Item::new(id, &value[comma + 1..]);
-            let seq = match head.iter().position(|b| *b == b';') {
-                Some(semi) => {
-                    parse_ext(&head[semi + 1..], &mut item)?;
-                    &head[..semi]
-                }
-                None => head,
-            };
-            if let Some(ext) = exts.get(id) {
-                parse_ext(ext, &mut item)?;
-            }
-            items.push((parse_u64(seq)?, item));
+            let (seq, item) = group_item(&field[1..], &value, &names, exts.get(&field[1..]))?;
+            items.push((seq, item));
         }
         items.sort_by_key(|(seq, _)| *seq);
         let (mut group, rules) = group_meta(&meta)?;
@@ -214,6 +207,37 @@ impl FromRedisValue for GroupHash {
         }
         Ok(GroupHash(Some((group, rules))))
     }
+}
+
+/// One item of a group hash: its sequence number and the item, from its
+/// `:<id>` field's value and its `;<id>` field's, if any.
+fn group_item(
+    id: &[u8],
+    value: &[u8],
+    names: &[String],
+    text_ext: Option<&Vec<u8>>,
+) -> Result<(u64, Item), ParsingError> {
+    let bad = || ParsingError::from("group item without sequence");
+    let mut item = Item::new(id, Vec::new());
+    let mut rest = value;
+    if let [b'+', k, ..] = value {
+        let bar = (2 + 8 * usize::from(*k)..value.len())
+            .find(|at| value[*at] == b'|')
+            .ok_or_else(bad)?;
+        ext::parse(&value[..=bar], names, &mut item)?;
+        rest = &value[bar + 1..];
+    }
+    let comma = rest.iter().position(|b| *b == b',').ok_or_else(bad)?;
+    let mut seq = &rest[..comma];
+    item.payload = rest[comma + 1..].to_vec();
+    if let Some(semi) = seq.iter().position(|b| *b == b';') {
+        ext::parse(&seq[semi + 1..], names, &mut item)?;
+        seq = &seq[..semi];
+    }
+    if let Some(text) = text_ext {
+        ext::parse(text, names, &mut item)?;
+    }
+    Ok((parse_u64(seq)?, item))
 }
 
 /// A group's metadata fields, without its items: `n`, `b`, `o`, `d`, and
@@ -252,7 +276,7 @@ pub(super) fn group_meta(
         max_wait: Duration::from_millis(max_wait_ms),
         measures: meta
             .iter()
-            .filter_map(|(field, value)| capacity_sums(field, value))
+            .filter_map(|(field, value)| capacity_sums(field, value, meta))
             .flatten()
             .collect(),
         items: Vec::new(),
@@ -260,18 +284,36 @@ pub(super) fn group_meta(
     Ok((group, rules))
 }
 
-/// The capacity measures' sums a group hash field holds, when it is one:
-/// the field is `=` then the names joined by `;`, its value one
-/// little-endian double per name (see `src/lua/batch_lib.lua`).
-fn capacity_sums(field: &[u8], value: &[u8]) -> Option<Vec<(String, u64)>> {
+/// The capacity measures' sums a group hash field holds, when it is one
+/// and up to date: the field is `=` then the names joined by `;`, its value
+/// one little-endian double per name, then the group's `s` and `n` when it
+/// was written, which must still be theirs (see `src/lua/batch_lib.lua`;
+/// older versions wrote the sums alone).
+fn capacity_sums(
+    field: &[u8],
+    value: &[u8],
+    meta: &HashMap<Vec<u8>, Vec<u8>>,
+) -> Option<Vec<(String, u64)>> {
     let names = std::str::from_utf8(field.strip_prefix(b"=")?).ok()?;
-    if value.len() != 8 * names.split(';').count() {
+    let count = names.split(';').count();
+    let doubles: Vec<f64> = value
+        .chunks_exact(8)
+        .map(|bytes| f64::from_le_bytes(bytes.try_into().unwrap_or_default()))
+        .collect();
+    if value.len() == 8 * (count + 2) {
+        let now = |name: &[u8]| meta.get(name).and_then(|v| parse_u64(v).ok());
+        let (s, n) = (doubles[count] as u64, doubles[count + 1] as u64);
+        if now(b"s") != Some(s) || now(b"n") != Some(n) {
+            return None;
+        }
+    } else if value.len() != 8 * count {
         return None;
     }
-    let sums = names.split(';').zip(value.chunks_exact(8));
-    let sum = |bytes: &[u8]| f64::from_le_bytes(bytes.try_into().unwrap_or_default()) as u64;
     Some(
-        sums.map(|(name, bytes)| (name.to_string(), sum(bytes)))
+        names
+            .split(';')
+            .zip(doubles)
+            .map(|(name, sum)| (name.to_string(), sum as u64))
             .collect(),
     )
 }
@@ -332,7 +374,8 @@ fn parse_u64(b: &[u8]) -> Result<u64, ParsingError> {
 }
 
 /// A batch as a stream entry holds it: fields `key`, `reason`, `opened`,
-/// `flushed`, `n`, `items`, and on a re-driven copy `origin` and `for_group`.
+/// `flushed`, `n`, `items`, when its items carry exts `x` and (if its group
+/// had a capacity) `names`, and on a re-driven copy `origin` and `for_group`.
 pub(super) fn batch_from_entry(
     shard: u16,
     entry: streams::StreamId,
@@ -346,7 +389,9 @@ pub(super) fn batch_from_entry(
     let blob: Vec<u8> = from_redis_value(field("items")?)?;
     let mut items = decode_items(&blob, count)?;
     if let Ok(x) = field("x") {
-        decode_exts(&from_redis_value::<Vec<u8>>(x)?, &mut items)?;
+        let names: Vec<u8> = field("names").map_or(Ok(Vec::new()), from_redis_value)?;
+        let x: Vec<u8> = from_redis_value(x)?;
+        ext::decode_all(&x, &ext::names_of(&names), &mut items)?;
     }
     Ok(Batch {
         shard,

@@ -192,7 +192,7 @@ impl Store {
     async fn group_summaries(&self, candidates: &[(u64, String, u16)]) -> Result<Vec<Group>> {
         let policies = self.policies.current();
         let reads = candidates.iter().map(|(_, key, shard)| {
-            let mut fields: Vec<String> = ["o", "d", "n", "b", "r", "l", "x"]
+            let mut fields: Vec<String> = ["o", "d", "n", "b", "s", "r", "l", "x"]
                 .map(String::from)
                 .to_vec();
             let policy = policies.resolve(key);

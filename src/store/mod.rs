@@ -27,6 +27,7 @@ mod add_args;
 mod conn;
 mod consumer_groups;
 mod decode;
+mod ext;
 mod groups;
 mod stats;
 mod streams;

@@ -143,7 +143,7 @@ fn new_fields_default_to_off() {
     assert_eq!(p.resolve("a"), Policy::default());
 }
 
-/// Capacity names must be measure names and values 1 to 2^53 - 1.
+/// Capacity names must be measure names, at most 64 of them, and values 1 to 2^53 - 1.
 #[test]
 fn capacity_rules() {
     let max = (1u64 << 53) - 1;
@@ -153,6 +153,8 @@ fn capacity_rules() {
     .unwrap();
     assert_eq!(c.policies().resolve("a").capacity["w.g-1_x"], max);
     let long = "x".repeat(65);
+    let many: Vec<String> = (0..65).map(|k| format!("m{k} = 1")).collect();
+    let many = many.join(", ");
     let cases = [
         (
             "[defaults]\ncapacity = { \"weight g\" = 5 }\n".to_owned(),
@@ -178,6 +180,10 @@ fn capacity_rules() {
                 "[defaults] capacity: weight_g: must be between 1 and {max}, got {}",
                 max + 1
             ),
+        ),
+        (
+            format!("[defaults]\ncapacity = {{ {many} }}\n"),
+            "[defaults] capacity: names 65 measures, more than the 64 allowed (line 2".to_owned(),
         ),
         (
             "[defaults]\ncapacity = { weight_g = -1 }\n".to_owned(),
