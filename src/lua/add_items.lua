@@ -77,6 +77,9 @@ local max_wait, open_rules, caps = presized(G), presized(G), presized(G)
 local size, bytes, seq, stored = presized(G), presized(G), presized(G), presized(G)
 local indexed, reopened, opened, due_at, why = presized(G), presized(G), presized(G), presized(G), presized(G)
 local rules, xs, sums = presized(G), presized(G), presized(G)
+-- A group's s as read and where its dictionary starts in it, for a group
+-- written under a capacity (nil for the others).
+local svs, dict_at = {}, {}
 local due_dirty, rules_dirty = presized(G), presized(G)
 local first_arrival, last_arrival, next_arrival = presized(G), presized(G), presized(n)
 local first_pending, last_pending, next_pending = presized(G), presized(G), presized(n)
@@ -91,9 +94,10 @@ for g = 1, ngroups do
   if cap == '' then
     caps[g] = false
   else
-    -- Groups of one policy share its capacity's table: {limits, names, the
-    -- sums' hash field, an item's values' struct layout, how many names, the
-    -- sums' struct layout, name -> position, an item's values, the sums}.
+    -- Groups of one policy share its capacity's table: {limits, names, its
+    -- dictionary ('=' .. names joined by ';'), an item's values' struct
+    -- layout, how many names, the sums' struct layout, name -> position, an
+    -- item's values, the sums, what s holds after the seq (see batch_lib)}.
     -- Sums and limits are arrays in the order of the names. Groups are
     -- taken one at a time, so the group at hand's sums and the item at
     -- hand's values can be the same table each time.
@@ -102,9 +106,9 @@ for g = 1, ngroups do
       local by_name, names = parse_sums(cap)
       local limits, index = {}, {}
       for k = 1, #names do limits[k], index[names[k]] = by_name[names[k]], k end
-      caps[g] = { limits, names, '=' .. table.concat(names, ';'),
-        '<' .. string.rep('d', #names + 1), #names,
-        '<' .. string.rep('d', #names + 2), index, {}, {} }
+      local dictionary = '=' .. table.concat(names, ';')
+      caps[g] = { limits, names, dictionary, '<' .. string.rep('d', #names + 1), #names,
+        '<' .. string.rep('d', #names), index, {}, {}, dictionary .. '=' }
       capacities[cap] = caps[g]
     end
   end
@@ -169,11 +173,11 @@ local function add_measures(g, measures)
 end
 
 -- Group g's sums of its capacity measures, from its items, for a group
--- whose sums field is missing or stale: one opened under another capacity
+-- whose s holds none for this capacity: one opened under another capacity
 -- before a reload (its packed exts hold the other's measures, so they are
--- written again as text, and the other's field goes), or one that took or
--- lost items under a policy without this capacity. Runs before the call's
--- arrivals.
+-- written again as text), or one that took or lost items under a policy
+-- without this capacity, or one an older version wrote (whose sums field
+-- goes). Runs before the call's arrivals.
 local function sum_items(g)
   local cap, gkey = caps[g], KEYS[4 + g]
   zero_sums(g)
@@ -196,7 +200,7 @@ local function sum_items(g)
   end
   if #rewrite > 0 then chunked('HSET', gkey, rewrite) end
   for f in pairs(meta) do
-    if byte(f, 1) == 61 and f ~= cap[3] then call('HDEL', gkey, f) end -- '='
+    if byte(f, 1) == 61 then call('HDEL', gkey, f) end -- '=': older versions' sums
   end
 end
 
@@ -245,7 +249,7 @@ end
 -- one policy share the parsed rules (max_idle, cutoff, lead, max_age).
 local opening = {}
 local function open_group(g)
-  opened[g], reopened[g] = ctx.now_s, true
+  opened[g], reopened[g], dict_at[g] = ctx.now_s, true, nil
   if caps[g] then zero_sums(g) end
   local r = open_rules[g]
   if r == '' then
@@ -298,7 +302,7 @@ local function flush_open(g, reason, batches)
     meta, list, field = load_group(KEYS[4 + g], it)
     if not reopened[g] then opened[g] = meta.o end
     call('DEL', KEYS[4 + g])
-    stored[g] = 0
+    stored[g], dict_at[g] = 0, nil
   end
   local p = first_pending[g]
   while p do
@@ -306,7 +310,7 @@ local function flush_open(g, reason, batches)
     p = next_pending[p]
   end
   -- The names of the packed exts' measures: the capacity's (see sum_items),
-  -- or with none in force, those of the field the group was written with.
+  -- or with none in force, the dictionary the group was written with.
   local names = caps[g] and caps[g][3] or field
   local size_cut = reason == REASON.SIZE
   local written, from = cut(ctx, name[g], reason, opened[g], it, list, size_cut and max_items[g] or 0, size_cut, names)
@@ -315,8 +319,8 @@ local function flush_open(g, reason, batches)
   first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
   if from > #list then return batches end
   -- The rest stays open, as it was: its sums and earliest deadline anew.
-  -- Without a capacity in force no field names its packed exts' measures
-  -- any more, so they are kept as text.
+  -- Without a capacity in force the group keeps no dictionary for its
+  -- packed exts' measures once emptied, so they are kept as text.
   if caps[g] then zero_sums(g) end
   local r = rules_of(g)
   if r then r[6], rules_dirty[g] = 0, true end
@@ -338,6 +342,19 @@ local function flush_open(g, reason, batches)
   return batches
 end
 
+-- Group g's s (see batch_lib) for a group with a capacity in force or a
+-- dictionary: its seq, then with the capacity its dictionary and sums;
+-- without, the dictionary its packed exts still use, with no sums (so that
+-- a capacity in force again sums anew). Any other group's s is its seq.
+local function s_value(g)
+  local cap = caps[g]
+  if cap then
+    return dec(seq[g]) .. cap[10] .. struct.pack(cap[6], unpack(sums[g], 1, cap[5]))
+  end
+  local at, sv = dict_at[g], svs[g]
+  return dec(seq[g]) .. sub(sv, at, find(sv, '=', at + 1, true))
+end
+
 -- The reply, filled in first so that it is one array, not a sparse table.
 local out = presized(3 * n + 1)
 
@@ -350,7 +367,6 @@ for g = 1, ngroups do
   local fields, values
   fields = { 'n', 'b', 's', 'x', 'd' }
   local names = caps[g] and caps[g][2]
-  if names then fields[6] = caps[g][3] end
   local k = #fields
   while i do
     fields[#fields + 1] = ':' .. ids[i]
@@ -366,15 +382,24 @@ for g = 1, ngroups do
     end
   end
   if values[1] then
-    size[g], bytes[g], seq[g] = num(values[1]), num(values[2]), num(values[3])
+    size[g], bytes[g] = num(values[1]), num(values[2])
+    local sv = values[3]
+    seq[g] = num(sv)
+    if not seq[g] then -- seq .. dictionary .. '=' .. sums (see batch_lib)
+      local at = find(sv, '=', 1, true)
+      seq[g], svs[g], dict_at[g] = num(sub(sv, 1, at - 1)), sv, at
+    end
     stored[g], indexed[g] = size[g], true
     -- (A group written before x existed has the plain rules.)
     xs[g], due_at[g] = values[4] or '', tonumber(values[5])
     if names then
-      -- The sums, unless missing or stale (see batch_lib's layout).
-      local packed, count = values[6], caps[g][5]
-      local s = packed and #packed == 8 * (count + 2) and unpack_into(caps[g][9], count + 2, caps[g][6], packed, 1)
-      if s and s[count + 1] == seq[g] and s[count + 2] == size[g] then sums[g] = s else sum_items(g) end
+      -- The sums, if s holds them for this capacity (see batch_lib's layout).
+      local cap, at, sv = caps[g], dict_at[g], svs[g]
+      if at and find(sv, cap[10], at, true) == at and #sv == at + #cap[10] - 1 + 8 * cap[5] then
+        sums[g] = unpack_into(cap[9], cap[5], cap[6], sv, at + #cap[10])
+      else
+        sum_items(g)
+      end
     end
   end
   i = first_arrival[g]
@@ -469,7 +494,8 @@ for g = 1, ngroups do
   if size[g] == 0 then
     if indexed[g] then call('ZREM', ctx.due, name[g]) end
   elseif first_pending[g] then
-    local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', dec(seq[g]), 'l', ctx.now_s }
+    local s_field = (caps[g] or dict_at[g]) and s_value(g) or dec(seq[g])
+    local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', s_field, 'l', ctx.now_s }
     local whole = stored[g] == 0
     if whole then
       args[#args + 1], args[#args + 2] = 'o', opened[g]
@@ -484,26 +510,23 @@ for g = 1, ngroups do
       if rules_of(g) then xs[g] = format_rules(rules[g]) end
       args[#args + 1], args[#args + 2] = 'x', xs[g]
     end
-    if caps[g] then
-      -- Written with every change of s or n, which date them.
-      local cap, s = caps[g], sums[g]
-      s[cap[5] + 1], s[cap[5] + 2] = seq[g], size[g]
-      args[#args + 1], args[#args + 2] = cap[3], struct.pack(cap[6], unpack(s, 1, cap[5] + 2))
-    end
     i = first_pending[g]
     while i do
-      local ext, seq_s = exts[i], dec(seqs[i])
-      local plain = #seq_s + 1 + #payloads[i]
+      local ext = exts[i]
       args[#args + 1] = ':' .. ids[i]
       if ext == '' then
-        args[#args + 1] = seq_s .. ',' .. payloads[i]
-      elseif byte(ext, 1) == 43 and (plain + #ext <= 64 or plain > 64) then
+        args[#args + 1] = dec(seqs[i]) .. ',' .. payloads[i]
+      else
         -- Packed, in the value, unless that alone would take the value past
         -- the 64 bytes of the compact encoding.
-        args[#args + 1] = ext .. seq_s .. ',' .. payloads[i]
-      else
-        args[#args + 1] = seq_s .. ',' .. payloads[i]
-        args[#args + 1], args[#args + 2] = ';' .. ids[i], ext
+        local seq_s = dec(seqs[i])
+        local plain = #seq_s + 1 + #payloads[i]
+        if byte(ext, 1) == 43 and (plain + #ext <= 64 or plain > 64) then
+          args[#args + 1] = ext .. seq_s .. ',' .. payloads[i]
+        else
+          args[#args + 1] = seq_s .. ',' .. payloads[i]
+          args[#args + 1], args[#args + 2] = ';' .. ids[i], ext
+        end
       end
       i = next_pending[i]
     end

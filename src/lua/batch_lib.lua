@@ -7,21 +7,24 @@
 --   o = opened-at (ms, Redis clock)   n = item count
 --   d = due-at (ms); when only max_idle has moved the due time later since,
 --       d is an earlier wake-up, at which the flush script re-arms
---   b = payload bytes                 s = last arrival sequence number
+--   b = payload bytes
+--   s = the last arrival's sequence number, then for a group written under
+--       a capacity its dictionary and sums: '=' .. the capacity's measure
+--       names joined by ';' (in the capacity's order) .. '=', then their
+--       sums over the items as little-endian doubles (struct '<d...'), so
+--       that the add script reads and writes them with the counters it
+--       reads and writes anyway, without parsing text. The dictionary names
+--       the measures of the group's packed exts (below). A call under a
+--       policy without that capacity keeps the dictionary and drops the
+--       sums, which are then summed again from the items when the capacity
+--       is in force again; a reload that names other measures rewrites the
+--       group's packed exts as text, its dictionary changes with them.
 --   r = the reason that set d (absent: TIMEOUT)   l = last arrival (ms)
 --   x = the group's due rules, fixed when it opened: '' when d is just
 --       opened + max_wait, else 7 little-endian doubles (struct '<ddddddd'),
 --       in ms (0 = none): max_wait, max_idle, the cutoff, deadline_lead,
 --       max_age, the earliest item deadline, and opened-at again, so that
 --       one field holds all a rule needs and reads without parsing text
---   '=' .. the capacity's measure names joined by ';' (in the capacity's
---       order) = their sums over the items, then the group's s and n when
---       they were written, as little-endian doubles (struct '<d...dd'), so
---       that the add script reads and writes them as one field without
---       parsing text, and knows them stale when s or n has moved since (the
---       group took items, or lost one, under a policy without this
---       capacity). A group holds at most one such field, and it names the
---       measures of its packed exts (below).
 --   ':' .. item_id = seq .. ',' .. payload, for an item with no ext, or
 --       ext .. seq .. ',' .. payload, for an item with a packed ext
 --   ';' .. item_id = the item's ext instead, when it is text (the rest of a
@@ -29,7 +32,7 @@
 --       the value would take a short value past 64 bytes (see below)
 -- An item's ext holds what it carries besides its payload. Packed (as the
 -- service sends it): '+', then a byte k, then k little-endian doubles (its
--- deadline in ms or 0, then its value of each measure the group's '=' field
+-- deadline in ms or 0, then its value of each measure the group's dictionary
 -- names, in that order, -0 for none), then as text its other measures and
 -- its requeue count, then '|'. A parcel's packed ext is short enough (27
 -- bytes for two measures) that its value stays within Redis's compact
@@ -45,8 +48,8 @@
 -- and items, where items is the concatenation, in arrival order, of
 -- #id .. ':' .. id .. #payload .. ':' .. payload for each item; and, when
 -- any of its items has an ext, x: the concatenation of #ext .. ':' .. ext,
--- and, when its group has a capacity field, names: that field's name (the
--- names of the measures its items' packed exts hold).
+-- and, when its group had a dictionary, names: that dictionary ('=' .. the
+-- names of the measures its items' packed exts hold, joined by ';').
 --
 -- Items live in four arrays indexed alike, `it.seq`, `it.id`, `it.payload`
 -- and `it.ext`, and a group's items are a list of indexes into them. Plain
@@ -139,14 +142,20 @@ local function split_value(v)
   return head, ext, comma + 1
 end
 
+-- A group's dictionary ('=' .. names joined by ';'), from its s, or false.
+local function dictionary(s)
+  local at = s and find(s, '=', 1, true)
+  return at and sub(s, at, find(s, '=', at + 1, true) - 1)
+end
+
 -- Appends a group's items to `it`, in arrival order, and returns the group's
--- metadata, the list of their indexes and its capacity field's name (the
--- names of its packed exts' measures; false: none). A small hash (listpack)
+-- metadata, the list of their indexes and its dictionary (the names of its
+-- packed exts' measures; false: none). A small hash (listpack)
 -- returns its fields in insertion order, which is arrival order, so the list
 -- is sorted only when it is not already.
 local function load_group(gkey, it)
   local flat = call('HGETALL', gkey)
-  local meta, list, sorted, last, ext_of, names = {}, {}, true, 0, false, false
+  local meta, list, sorted, last, ext_of = {}, {}, true, 0, false
   local seqs, ids, payloads, exts = it.seq, it.id, it.payload, it.ext
   local top = #ids
   for i = 1, #flat, 2 do
@@ -165,7 +174,6 @@ local function load_group(gkey, it)
       ext_of = ext_of or {}
       ext_of[sub(f, 2)] = flat[i + 1]
     else
-      if kind == 61 then names = f end -- '='
       meta[f] = flat[i + 1]
     end
   end
@@ -178,12 +186,12 @@ local function load_group(gkey, it)
   if not sorted then
     table.sort(list, function(a, b) return seqs[a] < seqs[b] end)
   end
-  return meta, list, names
+  return meta, list, dictionary(meta.s)
 end
 
 -- Writes the items list[from..to] as one batch to the shard stream and
--- records their ids as recently flushed; `names` is the group's capacity
--- field (see load_group). Returns the batch as
+-- records their ids as recently flushed; `names` is the group's dictionary
+-- (see load_group). Returns the batch as
 -- {stream_id, reason, opened, flushed, n, items, x, names}.
 local function write_batch(ctx, key, reason, opened, it, list, from, to, names)
   local parts, members, xparts, extras = {}, {}, {}, false
@@ -288,7 +296,7 @@ local function parse_sums(m)
   return sums, order
 end
 
--- The measure names of a capacity field ('=' .. names joined by ';').
+-- The measure names of a dictionary ('=' .. names joined by ';').
 local function field_names(field)
   local names = {}
   for name in string.gmatch(sub(field, 2), '[^;]+') do names[#names + 1] = name end
@@ -318,7 +326,7 @@ local function parse_text(ext, at, deadline, measures)
 end
 
 -- An item ext's deadline (or false) and measures ({name, value, ...} or
--- false). `names`: the measure names of its group's capacity field, as a
+-- false). `names`: the measure names of its group's dictionary, as a
 -- list, for a packed ext's values (false: they are not read).
 local function parse_ext(ext, names)
   if byte(ext, 1) ~= 43 then return parse_text(ext, 1, false, false) end

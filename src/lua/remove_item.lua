@@ -7,13 +7,13 @@
 -- ARGV[1]: the group's key
 -- ARGV[2]: the item id
 -- ARGV[3]: min_items in force for the key (0 = none)
--- ARGV[4]: the field of the group's capacity sums for the capacity in force
---   for the key ('=' .. its names joined by ';', see batch_lib), or ''
+-- ARGV[4]: the dictionary of the capacity in force for the key ('=' .. its
+--   names joined by ';', see batch_lib), or ''
 -- Returns: {removed (1 or 0), group size after}
 
 local due_key, gkey = KEYS[1], KEYS[2]
 local key, id = ARGV[1], ARGV[2]
-local got = call('HMGET', gkey, ':' .. id, ';' .. id)
+local got = call('HMGET', gkey, ':' .. id, ';' .. id, 's')
 local v = got[1]
 if not v then
   return { 0, tonumber(call('HGET', gkey, 'n') or '0') }
@@ -34,27 +34,31 @@ if size <= 0 then
   return { 1, 0 }
 end
 
--- The sums field, if the group has it, names the packed ext's measures
--- (see batch_lib); it loses the item's, and is dated anew.
-local sums_field = ARGV[4]
-local packed = sums_field ~= '' and call('HGET', gkey, sums_field)
-local names = packed and field_names(sums_field)
+-- The group's s holds its dictionary and sums (see batch_lib). When the
+-- dictionary is the capacity in force, it names the packed ext's measures,
+-- and the sums lose the item's; under another capacity, or none, the sums
+-- are dropped, to be summed again from the items when they are needed.
+local s, dictionary = got[3], ARGV[4]
+local from = s and find(s, '=', 1, true)
+local head = dictionary .. '='
+local same = dictionary ~= '' and from and find(s, head, from, true) == from
+local names = same and field_names(dictionary)
 local deadline, measures = false, false
 if ext ~= '' then deadline, measures = parse_ext(ext, names) end
-if packed and #packed == 8 * (#names + 2) then
-  local count = #names
-  local index = {}
-  for k = 1, count do index[names[k]] = k end
-  local layout = '<' .. string.rep('d', count + 2)
-  local sums = { struct.unpack(layout, packed) }
-  local s_now = tonumber(call('HGET', gkey, 's'))
-  if sums[count + 1] == s_now and sums[count + 2] == size + 1 then
-    for k = 1, #(measures or {}), 2 do
+local sums_at = from and find(s, '=', from + 1, true) + 1
+if sums_at and sums_at <= #s and ext ~= '' then
+  if not same then
+    call('HSET', gkey, 's', sub(s, 1, sums_at - 1))
+  elseif measures then
+    local count, index = #names, {}
+    for k = 1, count do index[names[k]] = k end
+    local layout = '<' .. string.rep('d', count)
+    local sums = { struct.unpack(layout, s, sums_at) }
+    for k = 1, #measures, 2 do
       local m = index[measures[k]]
       if m then sums[m] = sums[m] - measures[k + 1] end
     end
-    sums[count + 2] = size
-    call('HSET', gkey, sums_field, struct.pack(layout, unpack(sums, 1, count + 2)))
+    call('HSET', gkey, 's', sub(s, 1, sums_at - 1) .. struct.pack(layout, unpack(sums, 1, count)))
   end
 end
 if not deadline then return { 1, size } end

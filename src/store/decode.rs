@@ -161,9 +161,9 @@ impl FromRedisValue for DueScan {
 /// `src/lua/batch_lib.lua`), one `:<id>` field per item, whose value is
 /// `<sequence>,<payload>` or `<packed ext><sequence>,<payload>` (or
 /// `<sequence>;<ext>,<payload>` in groups that older versions opened), and
-/// a `;<id>` field holding the text ext of an item written with one. The
-/// capacity field `=<names>` names the packed exts' measures. `None` when
-/// the group is not open. The key is the caller's to fill in.
+/// a `;<id>` field holding the ext of an item written with one. The
+/// dictionary in `s` names the packed exts' measures. `None` when the group
+/// is not open. The key is the caller's to fill in.
 pub(super) struct GroupHash(pub Option<(Group, Option<Rules>)>);
 
 impl FromRedisValue for GroupHash {
@@ -175,21 +175,19 @@ impl FromRedisValue for GroupHash {
         let mut meta: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut exts: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut held: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        let mut names = Vec::new();
         for (field, value) in fields {
             match field.first() {
                 Some(b':') => held.push((field, value)),
                 Some(b';') => {
                     exts.insert(field[1..].to_vec(), value);
                 }
-                first => {
-                    if first == Some(&b'=') {
-                        names = ext::names_of(&field);
-                    }
+                _ => {
                     meta.insert(field, value);
                 }
             }
         }
+        let dictionary = meta.get(&b"s"[..]).and_then(|s| seq_parts(s).1);
+        let names = dictionary.map_or_else(Vec::new, |(names, _)| ext::names_of(names));
         let mut items: Vec<(u64, Item)> = Vec::with_capacity(held.len());
         for (field, value) in held {
             let (seq, item) = group_item(&field[1..], &value, &names, exts.get(&field[1..]))?;
@@ -274,48 +272,46 @@ pub(super) fn group_meta(
             .get(&b"l"[..])
             .map_or(Ok(opened_at_ms), |l| parse_u64(l))?,
         max_wait: Duration::from_millis(max_wait_ms),
-        measures: meta
-            .iter()
-            .filter_map(|(field, value)| capacity_sums(field, value, meta))
-            .flatten()
-            .collect(),
+        measures: capacity_sums(meta).into_iter().collect(),
         items: Vec::new(),
     };
     Ok((group, rules))
 }
 
-/// The capacity measures' sums a group hash field holds, when it is one
-/// and up to date: the field is `=` then the names joined by `;`, its value
-/// one little-endian double per name, then the group's `s` and `n` when it
-/// was written, which must still be theirs (see `src/lua/batch_lib.lua`;
-/// older versions wrote the sums alone).
-fn capacity_sums(
-    field: &[u8],
-    value: &[u8],
-    meta: &HashMap<Vec<u8>, Vec<u8>>,
-) -> Option<Vec<(String, u64)>> {
-    let names = std::str::from_utf8(field.strip_prefix(b"=")?).ok()?;
-    let count = names.split(';').count();
-    let doubles: Vec<f64> = value
-        .chunks_exact(8)
-        .map(|bytes| f64::from_le_bytes(bytes.try_into().unwrap_or_default()))
-        .collect();
-    if value.len() == 8 * (count + 2) {
-        let now = |name: &[u8]| meta.get(name).and_then(|v| parse_u64(v).ok());
-        let (s, n) = (doubles[count] as u64, doubles[count + 1] as u64);
-        if now(b"s") != Some(s) || now(b"n") != Some(n) {
-            return None;
-        }
-    } else if value.len() != 8 * count {
-        return None;
+/// A group's `s` split: its sequence number, and when it was written under
+/// a capacity, its dictionary (`=` then the measure names joined by `;`)
+/// and the sums' bytes after it (empty when the sums were dropped). See
+/// `src/lua/batch_lib.lua`.
+type SeqParts<'a> = (&'a [u8], Option<(&'a [u8], &'a [u8])>);
+
+fn seq_parts(s: &[u8]) -> SeqParts<'_> {
+    let Some(at) = s.iter().position(|b| *b == b'=') else {
+        return (s, None);
+    };
+    let rest = &s[at + 1..];
+    match rest.iter().position(|b| *b == b'=') {
+        Some(end) => (&s[..at], Some((&s[at..at + 1 + end], &rest[end + 1..]))),
+        None => (s, None),
     }
-    Some(
-        names
-            .split(';')
-            .zip(doubles)
-            .map(|(name, sum)| (name.to_string(), sum as u64))
-            .collect(),
-    )
+}
+
+/// The capacity measures' sums a group holds, when it does: in its `s`
+/// after its dictionary, one little-endian double per name, or (from
+/// groups older versions wrote) in a field `=<names>` of its own.
+fn capacity_sums(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Vec<(String, u64)> {
+    let from_s = meta.get(&b"s"[..]).and_then(|s| seq_parts(s).1);
+    let older = meta.iter().find(|(field, _)| field.first() == Some(&b'='));
+    let Some((names, sums)) = from_s.or(older.map(|(f, v)| (&f[..], &v[..]))) else {
+        return Vec::new();
+    };
+    let names = ext::names_of(names);
+    if sums.len() != 8 * names.len() {
+        return Vec::new();
+    }
+    let sums = sums
+        .chunks_exact(8)
+        .map(|bytes| f64::from_le_bytes(bytes.try_into().unwrap_or_default()) as u64);
+    names.into_iter().zip(sums).collect()
 }
 
 /// A group's due rules (its `x` field): max_wait, max_idle, the cutoff,
