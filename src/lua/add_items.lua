@@ -172,38 +172,6 @@ local function add_measures(g, measures)
   end
 end
 
--- Group g's sums of its capacity measures, from its items, for a group
--- whose s holds none for this capacity: one opened under another capacity
--- before a reload (its packed exts hold the other's measures, so they are
--- written again as text), or one that took or lost items under a policy
--- without this capacity, or one an older version wrote (whose sums field
--- goes). Runs before the call's arrivals.
-local function sum_items(g)
-  local cap, gkey = caps[g], KEYS[4 + g]
-  zero_sums(g)
-  local meta, held, field = load_group(gkey, it)
-  local same = field == cap[3]
-  local names = same and cap[2] or (field and field_names(field))
-  local rewrite = {}
-  for _, p in ipairs(held) do
-    local ext = exts[p]
-    if ext ~= '' then
-      local _, measures = parse_ext(ext, names)
-      if measures then add_measures(g, measures) end
-      if not same and byte(ext, 1) == 43 then
-        ext = ext_text(ext, names)
-        exts[p] = ext
-        rewrite[#rewrite + 1], rewrite[#rewrite + 2] = ':' .. ids[p], dec(seqs[p]) .. ',' .. payloads[p]
-        if ext ~= '' then rewrite[#rewrite + 1], rewrite[#rewrite + 2] = ';' .. ids[p], ext end
-      end
-    end
-  end
-  if #rewrite > 0 then chunked('HSET', gkey, rewrite) end
-  for f in pairs(meta) do
-    if byte(f, 1) == 61 then call('HDEL', gkey, f) end -- '=': older versions' sums
-  end
-end
-
 -- Group g's due rules (see batch_lib's x), parsed from its x when first
 -- needed, or false for a plain group. Most calls need none: a group whose
 -- cutoff has passed is due (see the arrivals), and only a new group, an
@@ -309,7 +277,7 @@ local function flush_open(g, reason, batches)
     list[#list + 1] = p
     p = next_pending[p]
   end
-  -- The names of the packed exts' measures: the capacity's (see sum_items),
+  -- The names of the packed exts' measures: the capacity's (see sum_group),
   -- or with none in force, the dictionary the group was written with.
   local names = caps[g] and caps[g][3] or field
   local size_cut = reason == REASON.SIZE
@@ -342,19 +310,6 @@ local function flush_open(g, reason, batches)
   return batches
 end
 
--- Group g's s (see batch_lib) for a group with a capacity in force or a
--- dictionary: its seq, then with the capacity its dictionary and sums;
--- without, the dictionary its packed exts still use, with no sums (so that
--- a capacity in force again sums anew). Any other group's s is its seq.
-local function s_value(g)
-  local cap = caps[g]
-  if cap then
-    return dec(seq[g]) .. cap[10] .. struct.pack(cap[6], unpack(sums[g], 1, cap[5]))
-  end
-  local at, sv = dict_at[g], svs[g]
-  return dec(seq[g]) .. sub(sv, at, find(sv, '=', at + 1, true))
-end
-
 -- The reply, filled in first so that it is one array, not a sparse table.
 local out = presized(3 * n + 1)
 
@@ -383,9 +338,11 @@ for g = 1, ngroups do
   end
   if values[1] then
     size[g], bytes[g] = num(values[1]), num(values[2])
+    -- s is the seq, or the seq, a dictionary and sums (see batch_lib),
+    -- which is longer: it goes to num, and its cache, only when short.
     local sv = values[3]
-    seq[g] = num(sv)
-    if not seq[g] then -- seq .. dictionary .. '=' .. sums (see batch_lib)
+    seq[g] = #sv < 16 and num(sv)
+    if not seq[g] then
       local at = find(sv, '=', 1, true)
       seq[g], svs[g], dict_at[g] = num(sub(sv, 1, at - 1)), sv, at
     end
@@ -398,7 +355,8 @@ for g = 1, ngroups do
       if at and find(sv, cap[10], at, true) == at and #sv == at + #cap[10] - 1 + 8 * cap[5] then
         sums[g] = unpack_into(cap[9], cap[5], cap[6], sv, at + #cap[10])
       else
-        sum_items(g)
+        zero_sums(g)
+        sum_group(gkey, it, cap, sums[g])
       end
     end
   end
@@ -494,7 +452,17 @@ for g = 1, ngroups do
   if size[g] == 0 then
     if indexed[g] then call('ZREM', ctx.due, name[g]) end
   elseif first_pending[g] then
-    local s_field = (caps[g] or dict_at[g]) and s_value(g) or dec(seq[g])
+    -- s (see batch_lib): the seq, then with a capacity in force its
+    -- dictionary and sums; without one, the dictionary the group's packed
+    -- exts still use, if any, with no sums (so that a capacity in force
+    -- again sums anew).
+    local cap, s_field = caps[g], dec(seq[g])
+    if cap then
+      s_field = s_field .. cap[10] .. struct.pack(cap[6], unpack(sums[g], 1, cap[5]))
+    elseif dict_at[g] then
+      local at, sv = dict_at[g], svs[g]
+      s_field = s_field .. sub(sv, at, find(sv, '=', at + 1, true))
+    end
     local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', s_field, 'l', ctx.now_s }
     local whole = stored[g] == 0
     if whole then

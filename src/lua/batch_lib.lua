@@ -362,3 +362,40 @@ local function ext_text(ext, names)
   end
   return table.concat(fields, ';')
 end
+
+-- Sums the capacity measures of a group's items into s (by position in the
+-- add script's capacity table `cap`, see add_items), for a group whose s
+-- holds no sums for this capacity: one opened under another capacity before
+-- a reload (its packed exts hold the other's measures, so they are written
+-- again as text, and its dictionary changes with them), one that took or
+-- lost items under a policy without this capacity, or one an older version
+-- wrote (whose sums field goes). Appends the items to `it`. A function of
+-- the library, with everything it needs as arguments, so that the add
+-- script does not pay for making it on every call.
+local function sum_group(gkey, it, cap, s)
+  local meta, held, field = load_group(gkey, it)
+  local same = field == cap[3]
+  local names = same and cap[2] or (field and field_names(field))
+  local index, ids, seqs, payloads, exts = cap[7], it.id, it.seq, it.payload, it.ext
+  local rewrite = {}
+  for _, p in ipairs(held) do
+    local ext = exts[p]
+    if ext ~= '' then
+      local _, measures = parse_ext(ext, names)
+      for k = 1, measures and #measures or 0, 2 do
+        local m = index[measures[k]]
+        if m then s[m] = s[m] + measures[k + 1] end
+      end
+      if not same and byte(ext, 1) == 43 then
+        ext = ext_text(ext, names)
+        exts[p] = ext
+        rewrite[#rewrite + 1], rewrite[#rewrite + 2] = ':' .. ids[p], dec(seqs[p]) .. ',' .. payloads[p]
+        if ext ~= '' then rewrite[#rewrite + 1], rewrite[#rewrite + 2] = ';' .. ids[p], ext end
+      end
+    end
+  end
+  if #rewrite > 0 then chunked('HSET', gkey, rewrite) end
+  for f in pairs(meta) do
+    if byte(f, 1) == 61 then call('HDEL', gkey, f) end -- '=': older versions' sums
+  end
+end
