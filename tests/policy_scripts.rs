@@ -269,45 +269,12 @@ async fn parcel_ext_is_packed_and_old_items_still_read() {
         .query(&mut con)
         .unwrap();
     assert_eq!(encoding, "listpack", "the group left the compact encoding");
-    let per_item = |con: &mut redis::Connection| {
-        let fields: Vec<Vec<u8>> = redis::cmd("HKEYS").arg(&gkey).query(con).unwrap();
-        let mut fields: Vec<_> = fields
-            .into_iter()
-            .filter(|f| f[0] == b':' || f[0] == b';')
-            .map(|f| String::from_utf8(f).unwrap())
-            .collect();
-        fields.sort();
-        fields
-    };
-    assert_eq!(per_item(&mut con), [":p0", ":p1", ":p2", ";p1"]);
+    assert_eq!(item_fields(&mut con, &gkey), [":p0", ":p1", ":p2", ";p1"]);
 
     assert!(store.remove("k", b"p1").await.unwrap().0);
-    assert_eq!(
-        per_item(&mut con),
-        [":p0", ":p2"],
-        "Remove left a field behind"
-    );
-    // Items as older versions wrote them: `seq;ext,payload`, and
-    // `seq,payload` with the ext in a `;<id>` field.
-    redis::pipe()
-        .cmd("HSET")
-        .arg(&gkey)
-        .arg(":old")
-        .arg("9;r2;mweight_g=7,old")
-        .arg(":mid")
-        .arg("10,mid")
-        .arg(";mid")
-        .arg(format!("t{far};mweight_g=5"))
-        .cmd("HINCRBY")
-        .arg(&gkey)
-        .arg("n")
-        .arg(2)
-        .cmd("HINCRBY")
-        .arg(&gkey)
-        .arg("b")
-        .arg(6)
-        .query::<()>(&mut con)
-        .unwrap();
+    let left = item_fields(&mut con, &gkey);
+    assert_eq!(left, [":p0", ":p2"], "Remove left a field behind");
+    add_old_items(&mut con, &gkey, far);
 
     let group = store.group("k").await.unwrap().expect("open");
     let got: Vec<_> = group.items.iter().map(|i| i.id.clone()).collect();
@@ -329,6 +296,43 @@ async fn parcel_ext_is_packed_and_old_items_still_read() {
     assert_eq!(items[2].payload, b"old");
     assert_eq!(items[3].measures.get("weight_g"), Some(&5));
     assert_eq!(items[3].payload, b"mid");
+}
+
+/// The item fields (`:<id>`, `;<id>`) of a group hash, sorted.
+fn item_fields(con: &mut redis::Connection, gkey: &str) -> Vec<String> {
+    let fields: Vec<Vec<u8>> = redis::cmd("HKEYS").arg(gkey).query(con).unwrap();
+    let mut fields: Vec<_> = fields
+        .into_iter()
+        .filter(|f| f[0] == b':' || f[0] == b';')
+        .map(|f| String::from_utf8(f).unwrap())
+        .collect();
+    fields.sort();
+    fields
+}
+
+/// Writes two items into a group as older versions wrote them: `old` as
+/// `seq;ext,payload`, and `mid` as `seq,payload` with its ext (deadline
+/// `deadline`, 5 g) in a `;<id>` field.
+fn add_old_items(con: &mut redis::Connection, gkey: &str, deadline: u64) {
+    redis::pipe()
+        .cmd("HSET")
+        .arg(gkey)
+        .arg(":old")
+        .arg("9;r2;mweight_g=7,old")
+        .arg(":mid")
+        .arg("10,mid")
+        .arg(";mid")
+        .arg(format!("t{deadline};mweight_g=5"))
+        .cmd("HINCRBY")
+        .arg(gkey)
+        .arg("n")
+        .arg(2)
+        .cmd("HINCRBY")
+        .arg(gkey)
+        .arg("b")
+        .arg(6)
+        .query::<()>(con)
+        .unwrap();
 }
 
 fn weighed(id: &str, measures: &[(&str, u64)]) -> Item {
