@@ -370,6 +370,9 @@ fn write_report(
     load_before: &str,
     redis_version: &str,
 ) -> bool {
+    // Before the charts are drawn: they are tracked files, and rewriting
+    // them would mark the commit dirty.
+    let commit = report::git_commit();
     let out = out_path(args);
     let root = out.parent().unwrap_or(Path::new("."));
     let chart_dir = chart_dir(args);
@@ -402,7 +405,7 @@ fn write_report(
             "full"
         },
         redis_version,
-        commit: &report::git_commit(),
+        commit: &commit,
         config: &env
             .config_text
             .replace(&env.redis_url, "<the bench's own redis-server>"),
