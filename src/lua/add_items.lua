@@ -163,15 +163,6 @@ local function zero_sums(g)
   sums[g] = s
 end
 
--- Adds an item's measures to group g's sums of its capacity measures.
-local function add_measures(g, measures)
-  local s, index = sums[g], caps[g][7]
-  for k = 1, #measures, 2 do
-    local m = index[measures[k]]
-    if m then s[m] = s[m] + measures[k + 1] end
-  end
-end
-
 -- Group g's due rules (see batch_lib's x), parsed from its x when first
 -- needed, or false for a plain group. Most calls need none: a group whose
 -- cutoff has passed is due (see the arrivals), and only a new group, an
@@ -298,7 +289,7 @@ local function flush_open(g, reason, batches)
     append(g, p)
     if exts[p] ~= '' then
       local deadline, measures = parse_ext(exts[p], list_names)
-      if measures and caps[g] then add_measures(g, measures) end
+      if measures and caps[g] then add_measures(sums[g], caps[g][7], measures, 1) end
       if deadline and r and (r[6] == 0 or deadline < r[6]) then r[6] = deadline end
       if not caps[g] then exts[p] = ext_text(exts[p], list_names) end
     end

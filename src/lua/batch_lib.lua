@@ -347,6 +347,16 @@ local function parse_ext(ext, names)
   return parse_text(text, 1, deadline, measures)
 end
 
+-- Adds `sign` times an item's measures ({name, value, ...}) to the sums s
+-- of the measures `index` (name -> position) names; the others are
+-- unlimited and not summed.
+local function add_measures(s, index, measures, sign)
+  for k = 1, #measures, 2 do
+    local m = index[measures[k]]
+    if m then s[m] = s[m] + sign * measures[k + 1] end
+  end
+end
+
 -- A packed ext as text (see the layout above), given its capacity's names.
 local function ext_text(ext, names)
   if byte(ext, 1) ~= 43 then return ext end
@@ -382,10 +392,7 @@ local function sum_group(gkey, it, cap, s)
     local ext = exts[p]
     if ext ~= '' then
       local _, measures = parse_ext(ext, names)
-      for k = 1, measures and #measures or 0, 2 do
-        local m = index[measures[k]]
-        if m then s[m] = s[m] + measures[k + 1] end
-      end
+      if measures then add_measures(s, index, measures, 1) end
       if not same and byte(ext, 1) == 43 then
         ext = ext_text(ext, names)
         exts[p] = ext

@@ -54,10 +54,7 @@ if sums_at and sums_at <= #s and ext ~= '' then
     for k = 1, count do index[names[k]] = k end
     local layout = '<' .. string.rep('d', count)
     local sums = { struct.unpack(layout, s, sums_at) }
-    for k = 1, #measures, 2 do
-      local m = index[measures[k]]
-      if m then sums[m] = sums[m] - measures[k + 1] end
-    end
+    add_measures(sums, index, measures, -1)
     call('HSET', gkey, 's', sub(s, 1, sums_at - 1) .. struct.pack(layout, unpack(sums, 1, count)))
   end
 end
