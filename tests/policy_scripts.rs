@@ -153,10 +153,17 @@ async fn idle_moves_with_each_add() {
     let first = store.group("k").await.unwrap().expect("open");
     assert_eq!(first.due_reason, FlushReason::Idle);
     assert_eq!(first.due_at_ms, first.last_added_ms + 60_000);
-    let later = eventually("a later clock", || async {
-        add(&store, &policy, parcel("b", None), false).await;
-        let g = store.group("k").await.unwrap().expect("open");
-        (g.last_added_ms > first.last_added_ms).then_some(g)
+    // A new id each time: a duplicate is not an arrival and moves nothing.
+    let mut n = 0;
+    let later = eventually("a later clock", || {
+        n += 1;
+        let id = format!("b{n}");
+        let (store, policy) = (&store, &policy);
+        async move {
+            add(store, policy, parcel(&id, None), false).await;
+            let g = store.group("k").await.unwrap().expect("open");
+            (g.last_added_ms > first.last_added_ms).then_some(g)
+        }
     })
     .await;
     assert_eq!(later.due_at_ms, later.last_added_ms + 60_000);
@@ -229,10 +236,10 @@ async fn requeue_once_per_batch_item() {
 
 /// A parcel's ext (measures, deadline) is packed into its value, one hash
 /// field per item and short enough that a group of small parcels stays in
-/// Redis's compact encoding; an ext too long for that gets a field of its
-/// own. GetGroup, Remove and the flush read them back, also for items that
-/// older versions wrote with a text ext, inside the value or in a field of
-/// its own.
+/// Redis's compact encoding (a parcel without a deadline in the short form);
+/// an ext too long for that gets a field of its own. GetGroup, Remove and
+/// the flush read them back, also for items that older versions wrote with
+/// a text ext, inside the value or in a field of its own.
 #[tokio::test]
 async fn parcel_ext_is_packed_and_old_items_still_read() {
     let redis = RedisServer::start();
@@ -245,7 +252,7 @@ async fn parcel_ext_is_packed_and_old_items_still_read() {
     };
     let store = open(&redis, &policy);
     let far = 4_000_000_000_000;
-    for n in 0..3u64 {
+    for n in 0..4u64 {
         // A 32-byte payload: with the ext as text, the value was over 64 bytes.
         let mut item = Item::new(format!("p{n}"), format!("{n:0>32}"));
         item.measures.insert("weight_g".into(), 1200 + n);
@@ -255,7 +262,9 @@ async fn parcel_ext_is_packed_and_old_items_still_read() {
             // more, past 64 with this payload.
             item.measures.insert("colli".into(), n);
         }
-        item.deadline_ms = Some(far + n);
+        if n < 3 {
+            item.deadline_ms = Some(far + n);
+        }
         add(&store, &policy, item, false).await;
     }
     let keyspace = Keyspace::new("pol", 4);
@@ -269,33 +278,48 @@ async fn parcel_ext_is_packed_and_old_items_still_read() {
         .query(&mut con)
         .unwrap();
     assert_eq!(encoding, "listpack", "the group left the compact encoding");
-    assert_eq!(item_fields(&mut con, &gkey), [":p0", ":p1", ":p2", ";p1"]);
+    assert_eq!(
+        item_fields(&mut con, &gkey),
+        [":p0", ":p1", ":p2", ":p3", ";p1"]
+    );
+    let short: Vec<u8> = redis::cmd("HGET")
+        .arg(&gkey)
+        .arg(":p3")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!((short[0], short.len()), (b'*', 10 + 2 + 32), "p3's value");
 
     assert!(store.remove("k", b"p1").await.unwrap().0);
     let left = item_fields(&mut con, &gkey);
-    assert_eq!(left, [":p0", ":p2"], "Remove left a field behind");
+    assert_eq!(left, [":p0", ":p2", ":p3"], "Remove left a field behind");
     add_old_items(&mut con, &gkey, far);
 
     let group = store.group("k").await.unwrap().expect("open");
     let got: Vec<_> = group.items.iter().map(|i| i.id.clone()).collect();
-    assert_eq!(got, [&b"p0"[..], b"p2", b"old", b"mid"].map(<[u8]>::to_vec));
+    let want = [&b"p0"[..], b"p2", b"p3", b"old", b"mid"].map(<[u8]>::to_vec);
+    assert_eq!(got, want);
     assert_eq!(group.items[1].measures.get("weight_g"), Some(&1202));
     assert_eq!(group.items[1].deadline_ms, Some(far + 2));
-    assert_eq!(group.items[2].requeue_count, 2);
-    assert_eq!(group.items[3].deadline_ms, Some(far));
-    assert_eq!(group.measures.get("weight_g"), Some(&(1200 + 1202 + 7 + 5)));
-    assert_eq!(group.measures.get("volume_cm3"), Some(&100_000));
+    assert_eq!(group.items[2].measures.get("weight_g"), Some(&1203));
+    assert_eq!(group.items[2].deadline_ms, None);
+    assert_eq!(group.items[3].requeue_count, 2);
+    assert_eq!(group.items[4].deadline_ms, Some(far));
+    let grams = 1200 + 1202 + 1203 + 7 + 5;
+    assert_eq!(group.measures.get("weight_g"), Some(&grams));
+    assert_eq!(group.measures.get("volume_cm3"), Some(&150_000));
 
     let batches = store.flush("k", FlushReason::Manual).await.unwrap();
     let items = &batches[0].items;
-    assert_eq!(items.len(), 4);
+    assert_eq!(items.len(), 5);
     assert_eq!(items[0].measures.get("volume_cm3"), Some(&50_000));
     assert_eq!(items[0].deadline_ms, Some(far));
     assert_eq!(items[1].payload, format!("{:0>32}", 2).into_bytes());
-    assert_eq!(items[2].measures.get("weight_g"), Some(&7));
-    assert_eq!(items[2].payload, b"old");
-    assert_eq!(items[3].measures.get("weight_g"), Some(&5));
-    assert_eq!(items[3].payload, b"mid");
+    assert_eq!(items[2].measures.get("volume_cm3"), Some(&50_000));
+    assert_eq!(items[2].payload, format!("{:0>32}", 3).into_bytes());
+    assert_eq!(items[3].measures.get("weight_g"), Some(&7));
+    assert_eq!(items[3].payload, b"old");
+    assert_eq!(items[4].measures.get("weight_g"), Some(&5));
+    assert_eq!(items[4].payload, b"mid");
 }
 
 /// The item fields (`:<id>`, `;<id>`) of a group hash, sorted.
@@ -388,4 +412,75 @@ async fn capacity_sums_follow_reloads_and_removes() {
     let g = add(&store, &litres, weighed("g", &[("kg", 9), ("l", 8)]), false).await;
     assert_eq!(ids(&g), [["f", "g"]], "2 + 8 reaches 10 l");
     assert_eq!(g.flushed[0].items[0].measures.get("kg"), Some(&1));
+}
+
+/// Parcels in the short packed form (every capacity measure, nothing else)
+/// are summed as they come, leave the sums when removed, and keep every
+/// measure when a reload renames the capacity and rewrites them as text.
+#[tokio::test]
+async fn short_exts_follow_reloads_and_removes() {
+    let redis = RedisServer::start();
+    let both = with_capacity(&[("kg", 10), ("l", 10)]);
+    let store = open(&redis, &both);
+    add(&store, &both, weighed("a", &[("kg", 4), ("l", 2)]), false).await;
+    add(&store, &both, weighed("b", &[("kg", 5), ("l", 3)]), false).await;
+    // a and b are 9 kg: c's 2 kg would not fit.
+    let c = add(&store, &both, weighed("c", &[("kg", 2), ("l", 1)]), false).await;
+    assert_eq!(ids(&c), [["a", "b"]], "the sums missed a short ext");
+    assert_eq!(
+        c.flushed[0].items[1].measures,
+        weighed("b", &[("kg", 5), ("l", 3)]).measures
+    );
+
+    // With d, e's 7 kg would not fit; without it they do, beside c's 2.
+    add(&store, &both, weighed("d", &[("kg", 3), ("l", 3)]), false).await;
+    assert!(store.remove("k", b"d").await.unwrap().0);
+    let e = add(&store, &both, weighed("e", &[("kg", 7), ("l", 1)]), false).await;
+    assert!(
+        e.flushed.is_empty(),
+        "the sums kept the removed item's 3 kg"
+    );
+
+    // Litres alone now: c and e hold 2 l, f's 3 fit, g's 6 do not.
+    let litres = with_capacity(&[("l", 6)]);
+    let f = add(&store, &litres, weighed("f", &[("kg", 1), ("l", 3)]), false).await;
+    assert!(f.flushed.is_empty(), "c and e hold 2 l");
+    let g = add(&store, &litres, weighed("g", &[("kg", 1), ("l", 2)]), false).await;
+    assert_eq!(ids(&g), [["c", "e", "f"]], "2 + 3 + 2 is past 6 l");
+    let got: Vec<_> = g.flushed[0]
+        .items
+        .iter()
+        .map(|i| i.measures.clone())
+        .collect();
+    let want = [("c", 2, 1), ("e", 7, 1), ("f", 1, 3)]
+        .map(|(id, kg, l)| weighed(id, &[("kg", kg), ("l", l)]).measures);
+    assert_eq!(got, want);
+}
+
+/// A group whose `s` an older version wrote (the sequence number as text,
+/// then the dictionary and sums) is summed anew from its items, not from
+/// those sums, and keeps its arrival order.
+#[tokio::test]
+async fn older_sums_are_summed_anew() {
+    let redis = RedisServer::start();
+    let kg = with_capacity(&[("kg", 10)]);
+    let store = open(&redis, &kg);
+    add(&store, &kg, weighed("a", &[("kg", 4)]), false).await;
+    add(&store, &kg, weighed("b", &[("kg", 3)]), false).await;
+    let keyspace = Keyspace::new("pol", 4);
+    let gkey = keyspace.group(keyspace.shard_of("k"), "k");
+    let mut con = redis::Client::open(redis.url())
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    // Sums of 9 kg that are wrong: read, c's 3 kg would not fit.
+    let older = [&b"2=kg="[..], &9.0f64.to_le_bytes()].concat();
+    let _: () = redis::cmd("HSET")
+        .arg(&gkey)
+        .arg("s")
+        .arg(older)
+        .query(&mut con)
+        .unwrap();
+    let c = add(&store, &kg, weighed("c", &[("kg", 3)]), false).await;
+    assert_eq!(ids(&c), [["a", "b", "c"]], "4 + 3 + 3 kg reach 10");
+    assert_eq!(c.flushed[0].reason, FlushReason::Capacity);
 }

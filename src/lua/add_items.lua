@@ -18,10 +18,10 @@
 --   ('name=v;name=v', '' for none)
 -- then, per item, 4 arguments: its group number g, followed by 'c' to close
 --   the group and 'q' .. batch_id for a requeued item; its id; its payload;
---   and '' or its packed ext (see batch_lib), whose values are its deadline
---   (0 = none) and then its measure for each of the group's capacity names
---   in order, so that the script reads them without parsing text, and which
---   the group's hash stores as it comes
+--   and '' or its packed ext (see batch_lib), whose values are (in the long
+--   form) its deadline (0 = none) and then its measure for each of the
+--   group's capacity names in order, so that the script reads them without
+--   parsing text, and which the group's hash stores as it comes
 -- Returns: {earliest due (ms) among groups whose due time this call set, or
 --   0, then per item 3 values: outcome (1 added, 2 duplicate), group size
 --   after, the batches it wrote or false}
@@ -38,21 +38,22 @@ local requeued_key = KEYS[4]
 local ngroups = tonumber(ARGV[2])
 local first = 3 + 7 * ngroups
 
--- Unpacks `count` values of struct `layout` from `packed` at `at` into t,
--- which it returns: a table made anew from them for every group and item
--- was a good part of a call's cost, most of it the garbage collector's.
-local function unpack_into(t, count, layout, packed, at)
-  if count == 3 then
-    t[1], t[2], t[3] = struct.unpack(layout, packed, at)
+-- Unpacks `count` values of struct `layout` from `packed` at `at` into
+-- t[o + 1 ..], and returns t: a table made anew from them for every group
+-- and item was a good part of a call's cost, most of it the garbage
+-- collector's.
+local function unpack_into(t, o, count, layout, packed, at)
+  if count == 2 then
+    t[o + 1], t[o + 2] = struct.unpack(layout, packed, at)
+  elseif count == 3 then
+    t[o + 1], t[o + 2], t[o + 3] = struct.unpack(layout, packed, at)
+  elseif count == 1 then
+    t[o + 1] = struct.unpack(layout, packed, at)
   elseif count == 4 then
-    t[1], t[2], t[3], t[4] = struct.unpack(layout, packed, at)
-  elseif count == 2 then
-    t[1], t[2] = struct.unpack(layout, packed, at)
-  elseif count == 5 then
-    t[1], t[2], t[3], t[4], t[5] = struct.unpack(layout, packed, at)
+    t[o + 1], t[o + 2], t[o + 3], t[o + 4] = struct.unpack(layout, packed, at)
   else
     local all = { struct.unpack(layout, packed, at) }
-    for k = 1, count do t[k] = all[k] end
+    for k = 1, count do t[o + k] = all[k] end
   end
   return t
 end
@@ -78,8 +79,8 @@ local size, bytes, seq, stored = presized(G), presized(G), presized(G), presized
 local indexed, reopened, opened, due_at, why = presized(G), presized(G), presized(G), presized(G), presized(G)
 local rules, xs, sums = presized(G), presized(G), presized(G)
 -- A group's s as read and where its dictionary starts in it, for a group
--- written under a capacity (nil for the others).
-local svs, dict_at = {}, {}
+-- written under a capacity (false for the others).
+local svs, dict_at = presized(G), presized(G)
 local due_dirty, rules_dirty = presized(G), presized(G)
 local first_arrival, last_arrival, next_arrival = presized(G), presized(G), presized(n)
 local first_pending, last_pending, next_pending = presized(G), presized(G), presized(n)
@@ -96,8 +97,11 @@ for g = 1, ngroups do
   else
     -- Groups of one policy share its capacity's table: {limits, names, its
     -- dictionary ('=' .. names joined by ';'), an item's values' struct
-    -- layout, how many names, the sums' struct layout, name -> position, an
-    -- item's values, the sums, what s holds after the seq (see batch_lib)}.
+    -- layout, how many names, the struct layout of s's seq and sums,
+    -- name -> position, an item's values (its deadline, then its measures),
+    -- the sums, the dictionary as s starts with it (see batch_lib), a short
+    -- ext's struct layout, the length of an s that holds sums, and the
+    -- struct layout of such an s whole}.
     -- Sums and limits are arrays in the order of the names. Groups are
     -- taken one at a time, so the group at hand's sums and the item at
     -- hand's values can be the same table each time.
@@ -108,12 +112,14 @@ for g = 1, ngroups do
       for k = 1, #names do limits[k], index[names[k]] = by_name[names[k]], k end
       local dictionary = '=' .. table.concat(names, ';')
       caps[g] = { limits, names, dictionary, '<' .. string.rep('d', #names + 1), #names,
-        '<' .. string.rep('d', #names), index, {}, {}, dictionary .. '=' }
+        '<' .. string.rep('d', #names + 1), index, {}, {}, dictionary .. '=',
+        '<' .. string.rep('I4', #names), #dictionary + 1 + 8 * (#names + 1),
+        '<c' .. (#dictionary + 1) .. string.rep('d', #names + 1) }
       capacities[cap] = caps[g]
     end
   end
   size[g], bytes[g], seq[g], stored[g], indexed[g], reopened[g], opened[g], due_at[g] = 0, 0, 0, 0, false, false, '', 0
-  why[g], rules[g], xs[g], sums[g] = false, false, '', false
+  why[g], rules[g], xs[g], sums[g], svs[g], dict_at[g] = false, false, '', false, false, false
   due_dirty[g], rules_dirty[g] = false, false
 end
 
@@ -208,7 +214,7 @@ end
 -- one policy share the parsed rules (max_idle, cutoff, lead, max_age).
 local opening = {}
 local function open_group(g)
-  opened[g], reopened[g], dict_at[g] = ctx.now_s, true, nil
+  opened[g], reopened[g], dict_at[g] = ctx.now_s, true, false
   if caps[g] then zero_sums(g) end
   local r = open_rules[g]
   if r == '' then
@@ -235,6 +241,15 @@ end
 local function fill(g, values, force)
   local limits, s = caps[g][1], sums[g]
   local count = #limits
+  if count == 2 then
+    -- The usual capacity, a weight and a volume, without the loops.
+    local a, b = s[1], s[2]
+    if values then a, b = a + values[2], b + values[3] end
+    if not force and (a > limits[1] or b > limits[2]) then return 'over' end
+    if not values then return false end
+    s[1], s[2] = a, b
+    return (a >= limits[1] or b >= limits[2]) and 'full'
+  end
   if not force then
     for k = 1, count do
       if s[k] + (values and values[k + 1] or 0) > limits[k] then return 'over' end
@@ -261,7 +276,7 @@ local function flush_open(g, reason, batches)
     meta, list, field = load_group(KEYS[4 + g], it)
     if not reopened[g] then opened[g] = meta.o end
     call('DEL', KEYS[4 + g])
-    stored[g], dict_at[g] = 0, nil
+    stored[g], dict_at[g] = 0, false
   end
   local p = first_pending[g]
   while p do
@@ -303,6 +318,9 @@ end
 
 -- The reply, filled in first so that it is one array, not a sparse table.
 local out = presized(3 * n + 1)
+-- The due set's changes, written once after the last group: each command a
+-- script sends costs more than its arguments.
+local due_set, due_gone = {}, {}
 
 -- Each group in turn: read it, take its arrivals in order, write it back.
 for g = 1, ngroups do
@@ -312,7 +330,6 @@ for g = 1, ngroups do
   local i = first_arrival[g]
   local fields, values
   fields = { 'n', 'b', 's', 'x', 'd' }
-  local names = caps[g] and caps[g][2]
   local k = #fields
   while i do
     fields[#fields + 1] = ':' .. ids[i]
@@ -329,26 +346,37 @@ for g = 1, ngroups do
   end
   if values[1] then
     size[g], bytes[g] = num(values[1]), num(values[2])
-    -- s is the seq, or the seq, a dictionary and sums (see batch_lib),
-    -- which is longer: it goes to num, and its cache, only when short.
-    local sv = values[3]
+    -- s (see batch_lib) is the seq as text, or a dictionary and then the
+    -- seq and, for a capacity, its sums as doubles, read in one unpack when
+    -- the dictionary is this capacity's. (An older version's s is the seq
+    -- as text, then a dictionary and sums, which are summed anew.)
+    local sv, cap, summed = values[3], caps[g], false
     seq[g] = #sv < 16 and num(sv)
-    if not seq[g] then
+    if not seq[g] and byte(sv, 1) == 61 then -- '=': a dictionary first
+      if cap and #sv == cap[12] and find(sv, cap[10], 1, true) == 1 then
+        local s = cap[9]
+        if cap[5] == 2 then
+          seq[g], s[1], s[2] = struct.unpack(cap[6], sv, #cap[10] + 1)
+        else
+          local all = { struct.unpack(cap[6], sv, #cap[10] + 1) }
+          seq[g] = all[1]
+          for k = 1, cap[5] do s[k] = all[k + 1] end
+        end
+        sums[g], summed = s, true
+      else
+        seq[g] = struct.unpack('<d', sv, find(sv, '=', 2, true) + 1)
+      end
+      svs[g], dict_at[g] = sv, 1
+    elseif not seq[g] then
       local at = find(sv, '=', 1, true)
       seq[g], svs[g], dict_at[g] = num(sub(sv, 1, at - 1)), sv, at
     end
     stored[g], indexed[g] = size[g], true
     -- (A group written before x existed has the plain rules.)
     xs[g], due_at[g] = values[4] or '', tonumber(values[5])
-    if names then
-      -- The sums, if s holds them for this capacity (see batch_lib's layout).
-      local cap, at, sv = caps[g], dict_at[g], svs[g]
-      if at and find(sv, cap[10], at, true) == at and #sv == at + #cap[10] - 1 + 8 * cap[5] then
-        sums[g] = unpack_into(cap[9], cap[5], cap[6], sv, at + #cap[10])
-      else
-        zero_sums(g)
-        sum_group(gkey, it, cap, sums[g])
-      end
+    if cap and not summed then
+      zero_sums(g)
+      sum_group(gkey, it, cap, sums[g])
     end
   end
   i = first_arrival[g]
@@ -383,8 +411,11 @@ for g = 1, ngroups do
       local deadline, values = false, false
       if exts[i] ~= '' then
         local cap = caps[g]
-        if cap then
-          values = unpack_into(cap[8], cap[5] + 1, cap[4], exts[i], 3)
+        if cap and byte(exts[i], 1) == 42 then -- '*': measures only
+          values = unpack_into(cap[8], 1, cap[5], cap[11], exts[i], 3)
+          values[1] = 0
+        elseif cap then
+          values = unpack_into(cap[8], 0, cap[5] + 1, cap[4], exts[i], 3)
           deadline = values[1]
         else
           deadline = struct.unpack('<d', exts[i], 3)
@@ -441,18 +472,25 @@ for g = 1, ngroups do
   -- Write the group back: its pending items and counters in one HSET and
   -- its due entry if it moved, or nothing of an emptied group.
   if size[g] == 0 then
-    if indexed[g] then call('ZREM', ctx.due, name[g]) end
+    if indexed[g] then due_gone[#due_gone + 1] = name[g] end
   elseif first_pending[g] then
-    -- s (see batch_lib): the seq, then with a capacity in force its
-    -- dictionary and sums; without one, the dictionary the group's packed
-    -- exts still use, if any, with no sums (so that a capacity in force
-    -- again sums anew).
-    local cap, s_field = caps[g], dec(seq[g])
+    -- s (see batch_lib): with a capacity in force, its dictionary, then
+    -- the seq and the sums; without one, the dictionary the group's packed
+    -- exts still use and the seq, with no sums (so that a capacity in force
+    -- again sums anew); else the seq as text.
+    local cap, s_field = caps[g], false
     if cap then
-      s_field = s_field .. cap[10] .. struct.pack(cap[6], unpack(sums[g], 1, cap[5]))
+      local sums_g = sums[g]
+      if cap[5] == 2 then
+        s_field = struct.pack(cap[13], cap[10], seq[g], sums_g[1], sums_g[2])
+      else
+        s_field = struct.pack(cap[13], cap[10], seq[g], unpack(sums_g, 1, cap[5]))
+      end
     elseif dict_at[g] then
       local at, sv = dict_at[g], svs[g]
-      s_field = s_field .. sub(sv, at, find(sv, '=', at + 1, true))
+      s_field = sub(sv, at, find(sv, '=', at + 1, true)) .. struct.pack('<d', seq[g])
+    else
+      s_field = dec(seq[g])
     end
     local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', s_field, 'l', ctx.now_s }
     local whole = stored[g] == 0
@@ -480,7 +518,8 @@ for g = 1, ngroups do
         -- the 64 bytes of the compact encoding.
         local seq_s = dec(seqs[i])
         local plain = #seq_s + 1 + #payloads[i]
-        if byte(ext, 1) == 43 and (plain + #ext <= 64 or plain > 64) then
+        local b = byte(ext, 1)
+        if (b == 42 or b == 43) and (plain + #ext <= 64 or plain > 64) then
           args[#args + 1] = ext .. seq_s .. ',' .. payloads[i]
         else
           args[#args + 1] = seq_s .. ',' .. payloads[i]
@@ -490,10 +529,14 @@ for g = 1, ngroups do
       i = next_pending[i]
     end
     chunked('HSET', gkey, args)
-    if reopened[g] or not indexed[g] or due_dirty[g] then call('ZADD', ctx.due, due_at[g], name[g]) end
+    if reopened[g] or not indexed[g] or due_dirty[g] then
+      due_set[#due_set + 1], due_set[#due_set + 2] = due_at[g], name[g]
+    end
   end
 end
-forget_stale(ctx)
+if #due_set > 0 then chunked('ZADD', ctx.due, due_set) end
+if #due_gone > 0 then chunked('ZREM', ctx.due, due_gone) end
+finish(ctx)
 
 out[1] = earliest
 return out

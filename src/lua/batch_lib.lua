@@ -8,17 +8,21 @@
 --   d = due-at (ms); when only max_idle has moved the due time later since,
 --       d is an earlier wake-up, at which the flush script re-arms
 --   b = payload bytes
---   s = the last arrival's sequence number, then for a group written under
---       a capacity its dictionary and sums: '=' .. the capacity's measure
---       names joined by ';' (in the capacity's order) .. '=', then their
---       sums over the items as little-endian doubles (struct '<d...'), so
---       that the add script reads and writes them with the counters it
---       reads and writes anyway, without parsing text. The dictionary names
---       the measures of the group's packed exts (below). A call under a
---       policy without that capacity keeps the dictionary and drops the
---       sums, which are then summed again from the items when the capacity
---       is in force again; a reload that names other measures rewrites the
---       group's packed exts as text, its dictionary changes with them.
+--   s = the last arrival's sequence number, as text; or for a group written
+--       under a capacity, its dictionary, then the sequence number and the
+--       sums as little-endian doubles: '=' .. the capacity's measure names
+--       joined by ';' (in the capacity's order) .. '=', then struct
+--       '<d' .. 'd...' of the sequence number and the measures' sums over
+--       the items, so that the add script reads them in one unpack with the
+--       counters it reads and writes anyway, without parsing text. The
+--       dictionary names the measures of the group's packed exts (below). A
+--       call under a policy without that capacity keeps the dictionary and
+--       the sequence number and drops the sums, which are then summed again
+--       from the items when the capacity is in force again; a reload that
+--       names other measures rewrites the group's packed exts as text, its
+--       dictionary changes with them. (Older versions wrote the sequence
+--       number as text before the dictionary, and the sums after it; the
+--       add script sums such a group anew.)
 --   r = the reason that set d (absent: TIMEOUT)   l = last arrival (ms)
 --   x = the group's due rules, fixed when it opened: '' when d is just
 --       opened + max_wait, else 7 little-endian doubles (struct '<ddddddd'),
@@ -31,11 +35,15 @@
 --       group opened before packed exts existed) or when the packed ext in
 --       the value would take a short value past 64 bytes (see below)
 -- An item's ext holds what it carries besides its payload. Packed (as the
--- service sends it): '+', then a byte k, then k little-endian doubles (its
--- deadline in ms or 0, then its value of each measure the group's dictionary
--- names, in that order, -0 for none), then as text its other measures and
--- its requeue count, then '|'. A parcel's packed ext is short enough (27
--- bytes for two measures) that its value stays within Redis's compact
+-- service sends it), in one of two forms. Short, for the usual parcel (a
+-- value of each measure the group's dictionary names, each under 2^32, and
+-- nothing else): '*', then a byte k, then k little-endian u32 values
+-- (struct '<I4...'), in the dictionary's order. Long, for any other item:
+-- '+', then a byte k, then k little-endian doubles (its deadline in ms or 0,
+-- then its value of each measure the group's dictionary names, in that
+-- order, -0 for none), then as text its other measures and its requeue
+-- count, then '|'. A parcel's packed ext is short enough (10 bytes for two
+-- measures, 27 with a deadline) that its value stays within Redis's compact
 -- (listpack) hash encoding, whose values are at most 64 bytes by default,
 -- and one field per item is all a group writes and reads. Text (as older
 -- versions wrote it, and the form a packed ext takes when a reload renames
@@ -57,8 +65,10 @@
 -- garbage collector pays for again, and that was most of a call's cost.
 -- `ctx` holds what one script call shares: the shard's keys (due, stream,
 -- flushed), the Redis clock (now, and now_s as text), until when an id
--- flushed now counts as a duplicate (expire, as text) and how many items the
--- call has written to batches (written).
+-- flushed now counts as a duplicate (expire, as text), how many items the
+-- call has written to batches (written), and the flushed set's new members
+-- with their scores (recent), written once at the end of the call (see
+-- finish), since each command a script sends costs more than its arguments.
 
 -- Library functions as locals: a local is a register, a global a table lookup.
 local call, tonumber, unpack, format = redis.call, tonumber, unpack, string.format
@@ -80,7 +90,8 @@ end
 local function context(due, stream, flushed, dedup_ms)
   local now = now_ms()
   return { due = due, stream = stream, flushed = flushed, now = now,
-    now_s = format('%d', now), expire = format('%d', now + dedup_ms), written = 0 }
+    now_s = format('%d', now), expire = format('%d', now + dedup_ms), written = 0,
+    recent = {} }
 end
 
 -- Most arguments one command gets from a list, so that no call passes more
@@ -106,6 +117,19 @@ local function dec(n)
   return s
 end
 
+-- The prefix of a blob part of n bytes (n .. ':'), remembered like dec: an
+-- ext is one of few lengths, and the prefix a string of its own spares
+-- making a new string of prefix and ext for each item.
+local prefixes = {}
+local function len_prefix(n)
+  local s = prefixes[n]
+  if not s then
+    s = format('%d:', n)
+    prefixes[n] = s
+  end
+  return s
+end
+
 -- The number a decimal string holds, remembered: tonumber goes through
 -- strtod, which costs more than a table lookup, and the same short strings
 -- (group numbers, limits, counts) come back again and again.
@@ -124,12 +148,21 @@ local function flushed_prefix(key)
   return dec(#key) .. ':' .. key
 end
 
+-- Whether an ext's first byte (b) makes it packed: '+' (long) or '*' (short).
+local function is_packed(b)
+  return b == 43 or b == 42
+end
+
 -- An item's ':' field value split: its seq (as text), its ext ('' for
 -- none, or its packed or old-style text ext) and where its payload starts.
 local function split_value(v)
   local from = 1
   local ext = ''
-  if byte(v, 1) == 43 then -- '+': a packed ext, up to its '|'
+  local b = byte(v, 1)
+  if b == 42 then -- '*': a short packed ext, of k u32 values
+    from = 3 + 4 * byte(v, 2)
+    ext = sub(v, 1, from - 1)
+  elseif b == 43 then -- '+': a long packed ext, up to its '|'
     from = find(v, '|', 3 + 8 * byte(v, 2), true) + 1
     ext = sub(v, 1, from - 1)
   end
@@ -190,11 +223,11 @@ local function load_group(gkey, it)
 end
 
 -- Writes the items list[from..to] as one batch to the shard stream and
--- records their ids as recently flushed; `names` is the group's dictionary
+-- queues their ids for the flushed set (see finish); `names` is the group's dictionary
 -- (see load_group). Returns the batch as
 -- {stream_id, reason, opened, flushed, n, items, x, names}.
 local function write_batch(ctx, key, reason, opened, it, list, from, to, names)
-  local parts, members, xparts, extras = {}, {}, {}, false
+  local parts, members, xparts, extras = {}, ctx.recent, {}, false
   local prefix, expire = flushed_prefix(key), ctx.expire
   local ids, payloads, exts = it.id, it.payload, it.ext
   for i = from, to do
@@ -205,7 +238,7 @@ local function write_batch(ctx, key, reason, opened, it, list, from, to, names)
     if ext == '' then
       xparts[#xparts + 1] = '0:'
     else
-      xparts[#xparts + 1] = dec(#ext) .. ':' .. ext
+      xparts[#xparts + 1], xparts[#xparts + 2] = len_prefix(#ext), ext
       extras = true
     end
   end
@@ -224,7 +257,6 @@ local function write_batch(ctx, key, reason, opened, it, list, from, to, names)
     stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason,
       'opened', opened, 'flushed', ctx.now_s, 'n', n, 'items', blob)
   end
-  chunked('ZADD', ctx.flushed, members)
   ctx.written = ctx.written + to - from + 1
   return { stream_id, reason, opened, ctx.now_s, n, blob, x, extras and names or '' }
 end
@@ -245,10 +277,13 @@ local function cut(ctx, key, reason, opened, it, list, max, full_only, names)
   return batches, from
 end
 
--- Forgets flushed ids whose dedup window has passed. Bounded by what this
--- call wrote, so the set shrinks as fast as it grows and no call stalls Redis.
-local function forget_stale(ctx)
+-- Ends a script call that may have written batches: records the ids it
+-- flushed in the flushed set, and forgets flushed ids whose dedup window
+-- has passed, bounded by what this call wrote, so the set shrinks as fast
+-- as it grows and no call stalls Redis.
+local function finish(ctx)
   if ctx.written == 0 then return end
+  chunked('ZADD', ctx.flushed, ctx.recent)
   local stale = call('ZRANGE', ctx.flushed, '-inf', ctx.now_s, 'BYSCORE',
     'LIMIT', 0, 2 * ctx.written + 16)
   if #stale > 0 then chunked('ZREM', ctx.flushed, stale) end
@@ -329,7 +364,17 @@ end
 -- false). `names`: the measure names of its group's dictionary, as a
 -- list, for a packed ext's values (false: they are not read).
 local function parse_ext(ext, names)
-  if byte(ext, 1) ~= 43 then return parse_text(ext, 1, false, false) end
+  local b = byte(ext, 1)
+  if b == 42 then
+    local k, measures = byte(ext, 2), false
+    if names and #names == k then
+      local values = { struct.unpack('<' .. string.rep('I4', k), ext, 3) }
+      measures = {}
+      for j = 1, k do measures[2 * j - 1], measures[2 * j] = names[j], values[j] end
+    end
+    return false, measures
+  end
+  if b ~= 43 then return parse_text(ext, 1, false, false) end
   local k = byte(ext, 2)
   local values = { struct.unpack('<' .. string.rep('d', k), ext, 3) }
   local deadline, measures = values[1] ~= 0 and values[1], false
@@ -359,16 +404,18 @@ end
 
 -- A packed ext as text (see the layout above), given its capacity's names.
 local function ext_text(ext, names)
-  if byte(ext, 1) ~= 43 then return ext end
+  local b = byte(ext, 1)
+  if not is_packed(b) then return ext end
   local deadline, measures = parse_ext(ext, names)
   local fields = {}
   if deadline then fields[1] = format('t%d', deadline) end
   for j = 1, measures and #measures or 0, 2 do
     fields[#fields + 1] = format('m%s=%d', measures[j], measures[j + 1])
   end
-  local k = byte(ext, 2)
-  for field in string.gmatch(sub(ext, 3 + 8 * k, -2), '[^;]+') do
-    if byte(field, 1) == 114 then fields[#fields + 1] = field end -- 'r'
+  if b == 43 then
+    for field in string.gmatch(sub(ext, 3 + 8 * byte(ext, 2), -2), '[^;]+') do
+      if byte(field, 1) == 114 then fields[#fields + 1] = field end -- 'r'
+    end
   end
   return table.concat(fields, ';')
 end
@@ -393,7 +440,7 @@ local function sum_group(gkey, it, cap, s)
     if ext ~= '' then
       local _, measures = parse_ext(ext, names)
       if measures then add_measures(s, index, measures, 1) end
-      if not same and byte(ext, 1) == 43 then
+      if not same and is_packed(byte(ext, 1)) then
         ext = ext_text(ext, names)
         exts[p] = ext
         rewrite[#rewrite + 1], rewrite[#rewrite + 2] = ':' .. ids[p], dec(seqs[p]) .. ',' .. payloads[p]

@@ -54,5 +54,5 @@ if #list > 0 then
 end
 call('DEL', gkey)
 call('ZREM', ctx.due, key)
-forget_stale(ctx)
+finish(ctx)
 return { due, batches }

@@ -46,6 +46,8 @@ local names = same and field_names(dictionary)
 local deadline, measures = false, false
 if ext ~= '' then deadline, measures = parse_ext(ext, names) end
 local sums_at = from and find(s, '=', from + 1, true) + 1
+-- (An s that starts with its dictionary holds the seq before the sums.)
+if from == 1 then sums_at = sums_at + 8 end
 if sums_at and sums_at <= #s and ext ~= '' then
   if not same then
     call('HSET', gkey, 's', sub(s, 1, sums_at - 1))

@@ -37,6 +37,9 @@ pub struct AddArgs<'a> {
     group_caps: Vec<Arc<BTreeMap<String, u64>>>,
     group_args: Vec<Vec<u8>>,
     item_args: Vec<Vec<u8>>,
+    /// The arguments each policy of the call's groups gives its groups,
+    /// worked out once per call: the cutoffs take a time-zone lookup.
+    policy_args: Vec<(Policy, [Vec<u8>; 6])>,
 }
 
 /// How far the Redis clock may run ahead of this machine's before a group
@@ -60,6 +63,7 @@ impl<'a> AddArgs<'a> {
             group_caps: Vec::new(),
             group_args: Vec::new(),
             item_args: Vec::new(),
+            policy_args: Vec::new(),
         }
     }
 
@@ -108,21 +112,25 @@ impl<'a> AddArgs<'a> {
 
     /// The group number of `key`, adding its group (with `policy`) if new.
     fn group(&mut self, key: &'a str, policy: &Policy) -> usize {
-        let next = self.group_of.len() + 1;
-        *self.group_of.entry(key).or_insert_with(|| {
-            self.group_keys.push(self.keyspace.group(self.shard, key));
-            self.group_caps.push(policy.capacity.clone());
-            self.group_args.extend([
-                key.as_bytes().to_vec(),
-                policy.max_items.to_string().into_bytes(),
-                policy.max_bytes.unwrap_or(0).to_string().into_bytes(),
-                policy.min_items.to_string().into_bytes(),
-                millis(policy.max_wait).into_bytes(),
-                open_rules(policy, self.now_ms).into_bytes(),
-                sums(policy.capacity.iter()).into_bytes(),
-            ]);
-            next
-        })
+        if let Some(&number) = self.group_of.get(key) {
+            return number;
+        }
+        let number = self.group_of.len() + 1;
+        self.group_of.insert(key, number);
+        self.group_keys.push(self.keyspace.group(self.shard, key));
+        self.group_caps.push(policy.capacity.clone());
+        self.group_args.push(key.as_bytes().to_vec());
+        let at = match self.policy_args.iter().position(|(p, _)| p == policy) {
+            Some(at) => at,
+            None => {
+                let args = policy_args(policy, self.now_ms);
+                self.policy_args.push((policy.clone(), args));
+                self.policy_args.len() - 1
+            }
+        };
+        self.group_args
+            .extend(self.policy_args[at].1.iter().cloned());
+        number
     }
 
     /// The call's KEYS and ARGV.
@@ -138,6 +146,20 @@ impl<'a> AddArgs<'a> {
         args.extend(self.item_args);
         (keys, args)
     }
+}
+
+/// A group's arguments after its key, from its policy: `max_items`,
+/// `max_bytes`, `min_items`, `max_wait`, the other due rules and the
+/// capacity.
+fn policy_args(policy: &Policy, now_ms: u64) -> [Vec<u8>; 6] {
+    [
+        policy.max_items.to_string().into_bytes(),
+        policy.max_bytes.unwrap_or(0).to_string().into_bytes(),
+        policy.min_items.to_string().into_bytes(),
+        millis(policy.max_wait).into_bytes(),
+        open_rules(policy, now_ms).into_bytes(),
+        sums(policy.capacity.iter()).into_bytes(),
+    ]
 }
 
 /// The due rules besides `max_wait` for a group opened now:

@@ -186,7 +186,7 @@ impl FromRedisValue for GroupHash {
                 }
             }
         }
-        let dictionary = meta.get(&b"s"[..]).and_then(|s| seq_parts(s).1);
+        let dictionary = meta.get(&b"s"[..]).and_then(|s| dictionary_and_sums(s));
         let names = dictionary.map_or_else(Vec::new, |(names, _)| ext::names_of(names));
         let mut items: Vec<(u64, Item)> = Vec::with_capacity(held.len());
         for (field, value) in held {
@@ -218,12 +218,10 @@ fn group_item(
     let bad = || ParsingError::from("group item without sequence");
     let mut item = Item::new(id, Vec::new());
     let mut rest = value;
-    if let [b'+', k, ..] = value {
-        let bar = (2 + 8 * usize::from(*k)..value.len())
-            .find(|at| value[*at] == b'|')
-            .ok_or_else(bad)?;
-        ext::parse(&value[..=bar], names, &mut item)?;
-        rest = &value[bar + 1..];
+    if matches!(value.first(), Some(b'+' | b'*')) {
+        let len = ext::packed_len(value).ok_or_else(bad)?;
+        ext::parse(&value[..len], names, &mut item)?;
+        rest = &value[len..];
     }
     let comma = rest.iter().position(|b| *b == b',').ok_or_else(bad)?;
     let mut seq = &rest[..comma];
@@ -278,20 +276,19 @@ pub(super) fn group_meta(
     Ok((group, rules))
 }
 
-/// A group's `s` split: its sequence number, and when it was written under
-/// a capacity, its dictionary (`=` then the measure names joined by `;`)
-/// and the sums' bytes after it (empty when the sums were dropped). See
-/// `src/lua/batch_lib.lua`.
-type SeqParts<'a> = (&'a [u8], Option<(&'a [u8], &'a [u8])>);
-
-fn seq_parts(s: &[u8]) -> SeqParts<'_> {
-    let Some(at) = s.iter().position(|b| *b == b'=') else {
-        return (s, None);
-    };
-    let rest = &s[at + 1..];
-    match rest.iter().position(|b| *b == b'=') {
-        Some(end) => (&s[..at], Some((&s[at..at + 1 + end], &rest[end + 1..]))),
-        None => (s, None),
+/// The dictionary (`=` then the measure names joined by `;`) and the sums'
+/// bytes (empty when they were dropped) of a group written under a
+/// capacity, from its `s`. `s` is the sequence number as text, or the
+/// dictionary, `=`, then the sequence number and the sums as doubles; older
+/// versions wrote the sequence number as text, then the dictionary, `=` and
+/// the sums. See `src/lua/batch_lib.lua`.
+fn dictionary_and_sums(s: &[u8]) -> Option<(&[u8], &[u8])> {
+    let at = s.iter().position(|b| *b == b'=')?;
+    let end = at + 1 + s[at + 1..].iter().position(|b| *b == b'=')?;
+    let after = &s[end + 1..];
+    match at {
+        0 => Some((&s[..end], after.get(8..).unwrap_or_default())),
+        _ => Some((&s[at..end], after)),
     }
 }
 
@@ -299,7 +296,7 @@ fn seq_parts(s: &[u8]) -> SeqParts<'_> {
 /// after its dictionary, one little-endian double per name, or (from
 /// groups older versions wrote) in a field `=<names>` of its own.
 fn capacity_sums(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Vec<(String, u64)> {
-    let from_s = meta.get(&b"s"[..]).and_then(|s| seq_parts(s).1);
+    let from_s = meta.get(&b"s"[..]).and_then(|s| dictionary_and_sums(s));
     let older = meta.iter().find(|(field, _)| field.first() == Some(&b'='));
     let Some((names, sums)) = from_s.or(older.map(|(f, v)| (&f[..], &v[..]))) else {
         return Vec::new();
