@@ -117,19 +117,6 @@ local function dec(n)
   return s
 end
 
--- The prefix of a blob part of n bytes (n .. ':'), remembered like dec: an
--- ext is one of few lengths, and the prefix a string of its own spares
--- making a new string of prefix and ext for each item.
-local prefixes = {}
-local function len_prefix(n)
-  local s = prefixes[n]
-  if not s then
-    s = format('%d:', n)
-    prefixes[n] = s
-  end
-  return s
-end
-
 -- The number a decimal string holds, remembered: tonumber goes through
 -- strtod, which costs more than a table lookup, and the same short strings
 -- (group numbers, limits, counts) come back again and again.
@@ -238,7 +225,7 @@ local function write_batch(ctx, key, reason, opened, it, list, from, to, names)
     if ext == '' then
       xparts[#xparts + 1] = '0:'
     else
-      xparts[#xparts + 1], xparts[#xparts + 2] = len_prefix(#ext), ext
+      xparts[#xparts + 1] = dec(#ext) .. ':' .. ext
       extras = true
     end
   end
