@@ -171,12 +171,14 @@ async fn idle_moves_with_each_add() {
 
 /// A TIMEOUT below min_items holds the group open, re-armed to max_age; a
 /// flush by due time then writes nothing until max_age, and MAX_AGE flushes.
+/// (Under a capacity, so the flush reads the group's count from its s.)
 #[tokio::test]
 async fn min_items_holds_until_max_age() {
     let redis = RedisServer::start();
     let policy = Policy {
         min_items: 3,
         max_age: Some(Duration::from_millis(1500)),
+        capacity: Arc::new(BTreeMap::from([("kg".to_owned(), 10)])),
         ..Policy::basic(100, Duration::from_millis(200), None)
     };
     let store = open(&redis, &policy);
@@ -336,10 +338,16 @@ fn item_fields(con: &mut redis::Connection, gkey: &str) -> Vec<String> {
 
 /// Writes two items into a group as older versions wrote them: `old` as
 /// `seq;ext,payload`, and `mid` as `seq,payload` with its ext (deadline
-/// `deadline`, 5 g) in a `;<id>` field.
+/// `deadline`, 5 g) in a `;<id>` field; and the group's counters as an
+/// older version keeps them, in `n` and `b`, with only the sequence number
+/// and the sums after the dictionary in `s`.
 fn add_old_items(con: &mut redis::Connection, gkey: &str, deadline: u64) {
-    redis::pipe()
-        .cmd("HSET")
+    let s: Vec<u8> = redis::cmd("HGET").arg(gkey).arg("s").query(con).unwrap();
+    let end = 1 + s[1..].iter().position(|b| *b == b'=').unwrap();
+    let double = |i: usize| f64::from_le_bytes(s[end + 1 + 8 * i..][..8].try_into().unwrap());
+    let (n, b) = (double(1) as u64, double(2) as u64);
+    let older = [&s[..end + 9], &s[end + 25..]].concat();
+    redis::cmd("HSET")
         .arg(gkey)
         .arg(":old")
         .arg("9;r2;mweight_g=7,old")
@@ -347,14 +355,12 @@ fn add_old_items(con: &mut redis::Connection, gkey: &str, deadline: u64) {
         .arg("10,mid")
         .arg(";mid")
         .arg(format!("t{deadline};mweight_g=5"))
-        .cmd("HINCRBY")
-        .arg(gkey)
         .arg("n")
-        .arg(2)
-        .cmd("HINCRBY")
-        .arg(gkey)
+        .arg(n + 2)
         .arg("b")
-        .arg(6)
+        .arg(b + 6)
+        .arg("s")
+        .arg(older)
         .query::<()>(con)
         .unwrap();
 }
@@ -414,6 +420,37 @@ async fn capacity_sums_follow_reloads_and_removes() {
     assert_eq!(g.flushed[0].items[0].measures.get("kg"), Some(&1));
 }
 
+/// A Remove under another capacity than the one a group was written under
+/// puts the group's counters back in n and b and drops its sums, which the
+/// next add under that capacity sums anew, without the removed item.
+#[tokio::test]
+async fn remove_under_another_capacity_drops_the_sums() {
+    let redis = RedisServer::start();
+    let kg = with_capacity(&[("kg", 10)]);
+    let litres = with_capacity(&[("l", 10)]);
+    let store = open(&redis, &kg);
+    add(&store, &litres, weighed("a", &[("kg", 4), ("l", 2)]), false).await;
+    add(&store, &litres, weighed("b", &[("kg", 3), ("l", 3)]), false).await;
+    assert!(store.remove("k", b"b").await.unwrap().0);
+    let group = store.group("k").await.unwrap().expect("open");
+    assert_eq!((group.size, group.bytes), (1, 3));
+    let keyspace = Keyspace::new("pol", 4);
+    let gkey = keyspace.group(keyspace.shard_of("k"), "k");
+    let mut con = redis::Client::open(redis.url())
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let n: Option<u64> = redis::cmd("HGET")
+        .arg(&gkey)
+        .arg("n")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(n, Some(1), "the count went back to n");
+    // a's 2 l and c's 8 reach 10; with b's 3 still summed, c would not fit.
+    let c = add(&store, &litres, weighed("c", &[("kg", 1), ("l", 8)]), false).await;
+    assert_eq!(ids(&c), [["a", "c"]]);
+    assert_eq!(c.flushed[0].reason, FlushReason::Capacity);
+}
+
 /// Parcels in the short packed form (every capacity measure, nothing else)
 /// are summed as they come, leave the sums when removed, and keep every
 /// measure when a reload renames the capacity and rewrites them as text.
@@ -457,30 +494,63 @@ async fn short_exts_follow_reloads_and_removes() {
     assert_eq!(got, want);
 }
 
-/// A group whose `s` an older version wrote (the sequence number as text,
-/// then the dictionary and sums) is summed anew from its items, not from
-/// those sums, and keeps its arrival order.
+/// A group whose counters older versions wrote (`n` and `b`, and in `s`
+/// the sequence number and then the dictionary and sums, or the dictionary,
+/// the sequence number and the sums) is summed anew from its items, not
+/// from those sums, keeps its arrival order and counts on from its `n`.
 #[tokio::test]
 async fn older_sums_are_summed_anew() {
     let redis = RedisServer::start();
     let kg = with_capacity(&[("kg", 10)]);
     let store = open(&redis, &kg);
-    add(&store, &kg, weighed("a", &[("kg", 4)]), false).await;
-    add(&store, &kg, weighed("b", &[("kg", 3)]), false).await;
     let keyspace = Keyspace::new("pol", 4);
     let gkey = keyspace.group(keyspace.shard_of("k"), "k");
     let mut con = redis::Client::open(redis.url())
         .and_then(|c| c.get_connection())
         .expect("connect");
     // Sums of 9 kg that are wrong: read, c's 3 kg would not fit.
-    let older = [&b"2=kg="[..], &9.0f64.to_le_bytes()].concat();
+    let wrong = 9.0f64.to_le_bytes();
+    let seq = 2.0f64.to_le_bytes();
+    let olders = [
+        [&b"2=kg="[..], &wrong].concat(),
+        [&b"=kg="[..], &seq, &wrong].concat(),
+    ];
+    for (older, [a, b, c]) in olders.into_iter().zip([["a", "b", "c"], ["e", "f", "g"]]) {
+        add(&store, &kg, weighed(a, &[("kg", 4)]), false).await;
+        add(&store, &kg, weighed(b, &[("kg", 3)]), false).await;
+        let _: () = redis::cmd("HSET")
+            .arg(&gkey)
+            .arg("s")
+            .arg(older)
+            .arg("n")
+            .arg(2)
+            .arg("b")
+            .arg(6)
+            .query(&mut con)
+            .unwrap();
+        let last = add(&store, &kg, weighed(c, &[("kg", 3)]), false).await;
+        assert_eq!(ids(&last), [[a, b, c]], "4 + 3 + 3 kg reach 10");
+        assert_eq!(last.flushed[0].reason, FlushReason::Capacity);
+    }
+    // An older version's group that takes an item without flushing gets
+    // its counters in s, and its n and b fields go.
+    add(&store, &kg, weighed("h", &[("kg", 1)]), false).await;
+    let older = [&b"=kg="[..], &1.0f64.to_le_bytes(), &1.0f64.to_le_bytes()].concat();
     let _: () = redis::cmd("HSET")
         .arg(&gkey)
         .arg("s")
         .arg(older)
+        .arg("n")
+        .arg(1)
+        .arg("b")
+        .arg(3)
         .query(&mut con)
         .unwrap();
-    let c = add(&store, &kg, weighed("c", &[("kg", 3)]), false).await;
-    assert_eq!(ids(&c), [["a", "b", "c"]], "4 + 3 + 3 kg reach 10");
-    assert_eq!(c.flushed[0].reason, FlushReason::Capacity);
+    let i = add(&store, &kg, weighed("i", &[("kg", 2)]), false).await;
+    assert_eq!(i.group_size, 2);
+    let fields: Vec<String> = redis::cmd("HKEYS").arg(&gkey).query(&mut con).unwrap();
+    assert!(!fields.iter().any(|f| f == "n" || f == "b"), "{fields:?}");
+    let group = store.group("k").await.unwrap().expect("open");
+    assert_eq!((group.size, group.bytes), (2, 6));
+    assert_eq!(group.measures.get("kg"), Some(&3));
 }

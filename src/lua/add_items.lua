@@ -97,11 +97,11 @@ for g = 1, ngroups do
   else
     -- Groups of one policy share its capacity's table: {limits, names, its
     -- dictionary ('=' .. names joined by ';'), an item's values' struct
-    -- layout, how many names, the struct layout of s's seq and sums,
+    -- layout, how many names, the struct layout of s's counters and sums,
     -- name -> position, an item's values (its deadline, then its measures),
     -- the sums, the dictionary as s starts with it (see batch_lib), a short
-    -- ext's struct layout, the length of an s that holds sums, and the
-    -- struct layout of such an s whole}.
+    -- ext's struct layout, the length of an s that holds the counters, and
+    -- the struct layout of such an s whole}.
     -- Sums and limits are arrays in the order of the names. Groups are
     -- taken one at a time, so the group at hand's sums and the item at
     -- hand's values can be the same table each time.
@@ -112,9 +112,9 @@ for g = 1, ngroups do
       for k = 1, #names do limits[k], index[names[k]] = by_name[names[k]], k end
       local dictionary = '=' .. table.concat(names, ';')
       caps[g] = { limits, names, dictionary, '<' .. string.rep('d', #names + 1), #names,
-        '<' .. string.rep('d', #names + 1), index, {}, {}, dictionary .. '=',
-        '<' .. string.rep('I4', #names), #dictionary + 1 + 8 * (#names + 1),
-        '<c' .. (#dictionary + 1) .. string.rep('d', #names + 1) }
+        '<' .. string.rep('d', #names + 3), index, {}, {}, dictionary .. '=',
+        '<' .. string.rep('I4', #names), #dictionary + 1 + 8 * (#names + 3),
+        '<c' .. (#dictionary + 1) .. string.rep('d', #names + 3) }
       capacities[cap] = caps[g]
     end
   end
@@ -169,15 +169,55 @@ local function zero_sums(g)
   sums[g] = s
 end
 
+-- Group g's seq from an s (sv) that is not the seq as text and not the
+-- capacity's counters (see batch_lib): a dictionary and then the seq (and
+-- an older version's sums), or (older still) the seq as text, then a
+-- dictionary and sums.
+local function seq_after_dictionary(g, sv)
+  if byte(sv, 1) == 61 then -- '=': a dictionary first
+    seq[g] = struct.unpack('<d', sv, find(sv, '=', 2, true) + 1)
+    svs[g], dict_at[g] = sv, 1
+  else
+    local at = find(sv, '=', 1, true)
+    seq[g], svs[g], dict_at[g] = num(sub(sv, 1, at - 1)), sv, at
+  end
+end
+
+-- Group g's counters when its s is not in the layout the call reads first
+-- (see the reading of a group below): under a capacity, a group written
+-- without it or under another one; without one, a group written under a
+-- capacity. `text_nb` marks a group whose n and b fields go when it is
+-- written back with its counters in s.
+local text_nb = {}
+local function other_counters(g, sv, cap)
+  local n, b, sq = counters(sv)
+  if n then
+    size[g], bytes[g], seq[g], svs[g], dict_at[g] = n, b, sq, sv, 1
+    return
+  end
+  local nb = call('HMGET', KEYS[4 + g], 'n', 'b')
+  text_nb[g] = cap and true
+  size[g], bytes[g] = num(nb[1]), num(nb[2])
+  seq[g] = #sv < 16 and num(sv)
+  if not seq[g] then seq_after_dictionary(g, sv) end
+end
+
 -- Group g's due rules (see batch_lib's x), parsed from its x when first
 -- needed, or false for a plain group. Most calls need none: a group whose
 -- cutoff has passed is due (see the arrivals), and only a new group, an
 -- earlier deadline or a hold that ends can move a due time earlier.
 local function rules_of(g)
   local r = rules[g]
-  if not r and xs[g] ~= '' then
-    r = parse_rules(xs[g])
-    rules[g] = r
+  if not r then
+    local x = xs[g]
+    if not x then
+      x = call('HGET', KEYS[4 + g], 'x') or ''
+      xs[g] = x
+    end
+    if x ~= '' then
+      r = parse_rules(x)
+      rules[g] = r
+    end
   end
   return r
 end
@@ -274,9 +314,9 @@ local function flush_open(g, reason, batches)
   if stored[g] > 0 then
     local meta
     meta, list, field = load_group(KEYS[4 + g], it)
-    if not reopened[g] then opened[g] = meta.o end
+    if not reopened[g] then opened[g], xs[g] = meta.o, xs[g] or meta.x or '' end
     call('DEL', KEYS[4 + g])
-    stored[g], dict_at[g] = 0, false
+    stored[g], dict_at[g], text_nb[g] = 0, false, false
   end
   local p = first_pending[g]
   while p do
@@ -326,10 +366,12 @@ local due_set, due_gone = {}, {}
 for g = 1, ngroups do
   local gkey = KEYS[4 + g]
 
-  -- Read the group's counters, and which of its arrivals' ids it holds.
+  -- Read the group's counters, and which of its arrivals' ids it holds: a
+  -- group written under this capacity keeps them all in s (see batch_lib).
   local i = first_arrival[g]
+  local cap = caps[g]
   local fields, values
-  fields = { 'n', 'b', 's', 'x', 'd' }
+  if cap then fields = { 's', 'd' } else fields = { 'n', 'b', 's', 'd' } end
   local k = #fields
   while i do
     fields[#fields + 1] = ':' .. ids[i]
@@ -344,36 +386,29 @@ for g = 1, ngroups do
       for j = 1, #got do values[c + j - 1] = got[j] end
     end
   end
-  if values[1] then
-    size[g], bytes[g] = num(values[1]), num(values[2])
-    -- s (see batch_lib) is the seq as text, or a dictionary and then the
-    -- seq and, for a capacity, its sums as doubles, read in one unpack when
-    -- the dictionary is this capacity's. (An older version's s is the seq
-    -- as text, then a dictionary and sums, which are summed anew.)
-    local sv, cap, summed = values[3], caps[g], false
-    seq[g] = #sv < 16 and num(sv)
-    if not seq[g] and byte(sv, 1) == 61 then -- '=': a dictionary first
-      if cap and #sv == cap[12] and find(sv, cap[10], 1, true) == 1 then
-        local s = cap[9]
-        if cap[5] == 2 then
-          seq[g], s[1], s[2] = struct.unpack(cap[6], sv, #cap[10] + 1)
-        else
-          local all = { struct.unpack(cap[6], sv, #cap[10] + 1) }
-          seq[g] = all[1]
-          for k = 1, cap[5] do s[k] = all[k + 1] end
-        end
-        sums[g], summed = s, true
+  local sv = values[k - 1]
+  if sv then
+    local summed = false
+    if cap and #sv == cap[12] and find(sv, cap[10], 1, true) == 1 then
+      local s = cap[9]
+      if cap[5] == 2 then
+        seq[g], size[g], bytes[g], s[1], s[2] = struct.unpack(cap[6], sv, #cap[10] + 1)
       else
-        seq[g] = struct.unpack('<d', sv, find(sv, '=', 2, true) + 1)
+        local all = { struct.unpack(cap[6], sv, #cap[10] + 1) }
+        seq[g], size[g], bytes[g] = all[1], all[2], all[3]
+        for k = 1, cap[5] do s[k] = all[k + 3] end
       end
-      svs[g], dict_at[g] = sv, 1
-    elseif not seq[g] then
-      local at = find(sv, '=', 1, true)
-      seq[g], svs[g], dict_at[g] = num(sub(sv, 1, at - 1)), sv, at
+      sums[g], summed, svs[g], dict_at[g] = s, true, sv, 1
+    elseif cap or not values[1] then
+      other_counters(g, sv, cap)
+    else
+      size[g], bytes[g] = num(values[1]), num(values[2])
+      seq[g] = #sv < 16 and num(sv)
+      if not seq[g] then seq_after_dictionary(g, sv) end
     end
     stored[g], indexed[g] = size[g], true
     -- (A group written before x existed has the plain rules.)
-    xs[g], due_at[g] = values[4] or '', tonumber(values[5])
+    xs[g], due_at[g] = false, tonumber(values[k])
     if cap and not summed then
       zero_sums(g)
       sum_group(gkey, it, cap, sums[g])
@@ -475,24 +510,31 @@ for g = 1, ngroups do
     if indexed[g] then due_gone[#due_gone + 1] = name[g] end
   elseif first_pending[g] then
     -- s (see batch_lib): with a capacity in force, its dictionary, then
-    -- the seq and the sums; without one, the dictionary the group's packed
-    -- exts still use and the seq, with no sums (so that a capacity in force
-    -- again sums anew); else the seq as text.
-    local cap, s_field = caps[g], false
+    -- the seq, the count, the bytes and the sums, and no n and b fields;
+    -- without one, n and b, and in s the dictionary the group's packed exts
+    -- still use and the seq, with no sums (so that a capacity in force
+    -- again sums anew), or else the seq as text.
+    local cap, args = caps[g], false
     if cap then
       local sums_g = sums[g]
+      local s_field
       if cap[5] == 2 then
-        s_field = struct.pack(cap[13], cap[10], seq[g], sums_g[1], sums_g[2])
+        s_field = struct.pack(cap[13], cap[10], seq[g], size[g], bytes[g], sums_g[1], sums_g[2])
       else
-        s_field = struct.pack(cap[13], cap[10], seq[g], unpack(sums_g, 1, cap[5]))
+        s_field = struct.pack(cap[13], cap[10], seq[g], size[g], bytes[g], unpack(sums_g, 1, cap[5]))
       end
-    elseif dict_at[g] then
-      local at, sv = dict_at[g], svs[g]
-      s_field = sub(sv, at, find(sv, '=', at + 1, true)) .. struct.pack('<d', seq[g])
+      args = { 's', s_field, 'l', ctx.now_s }
+      if text_nb[g] then call('HDEL', gkey, 'n', 'b') end
     else
-      s_field = dec(seq[g])
+      local s_field
+      if dict_at[g] then
+        local at, sv = dict_at[g], svs[g]
+        s_field = sub(sv, at, find(sv, '=', at + 1, true)) .. struct.pack('<d', seq[g])
+      else
+        s_field = dec(seq[g])
+      end
+      args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', s_field, 'l', ctx.now_s }
     end
-    local args = { 'n', dec(size[g]), 'b', format('%d', bytes[g]), 's', s_field, 'l', ctx.now_s }
     local whole = stored[g] == 0
     if whole then
       args[#args + 1], args[#args + 2] = 'o', opened[g]

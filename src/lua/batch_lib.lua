@@ -9,20 +9,24 @@
 --       d is an earlier wake-up, at which the flush script re-arms
 --   b = payload bytes
 --   s = the last arrival's sequence number, as text; or for a group written
---       under a capacity, its dictionary, then the sequence number and the
---       sums as little-endian doubles: '=' .. the capacity's measure names
---       joined by ';' (in the capacity's order) .. '=', then struct
---       '<d' .. 'd...' of the sequence number and the measures' sums over
---       the items, so that the add script reads them in one unpack with the
---       counters it reads and writes anyway, without parsing text. The
---       dictionary names the measures of the group's packed exts (below). A
---       call under a policy without that capacity keeps the dictionary and
---       the sequence number and drops the sums, which are then summed again
---       from the items when the capacity is in force again; a reload that
---       names other measures rewrites the group's packed exts as text, its
---       dictionary changes with them. (Older versions wrote the sequence
---       number as text before the dictionary, and the sums after it; the
---       add script sums such a group anew.)
+--       under a capacity, its dictionary, then its counters and sums as
+--       little-endian doubles: '=' .. the capacity's measure names joined
+--       by ';' (in the capacity's order) .. '=', then struct '<ddd' ..
+--       'd...' of the sequence number, the item count, the payload bytes
+--       and the measures' sums over the items. Such a group has no n and b
+--       fields: the add script reads and writes all of its counters in one
+--       field and one unpack, without parsing text, where each field more
+--       costs a lookup in the hash (see `counters`). The dictionary names
+--       the measures of the group's packed exts (below). A call under a
+--       policy without that capacity writes n and b again and keeps the
+--       dictionary and the sequence number only (struct '<d'), and the
+--       sums are summed again from the items when the capacity is in force
+--       again; a reload that names other measures rewrites the group's
+--       packed exts as text, its dictionary changes with them. (Older
+--       versions wrote the dictionary, the sequence number and the sums,
+--       with n and b as fields; before that, the sequence number as text
+--       before the dictionary, and the sums after it. The add script sums
+--       such a group anew.)
 --   r = the reason that set d (absent: TIMEOUT)   l = last arrival (ms)
 --   x = the group's due rules, fixed when it opened: '' when d is just
 --       opened + max_wait, else 7 little-endian doubles (struct '<ddddddd'),
@@ -306,6 +310,22 @@ local function due_of(rules, last, size, min_items, now)
   if e > 0 and e - lead <= due then due, why = e - lead, REASON.DEADLINE end
   if a > 0 and opened + a <= due then due, why = opened + a, REASON.MAX_AGE end
   return due, why
+end
+
+-- The item count, payload bytes and sequence number that a group written
+-- under a capacity keeps in its s (see the layout above), and where its
+-- sums start in s; false for an s of any other layout, whose group keeps
+-- its count and bytes in n and b. The layouts that start with a dictionary
+-- of k names differ in length: 8 bytes after it (the seq), 8 * (1 + k) (the
+-- seq and sums, of older versions) or 8 * (3 + k) (these counters).
+local function counters(s)
+  if not s or byte(s, 1) ~= 61 then return false end -- '='
+  local e = find(s, '=', 2, true)
+  if not e then return false end
+  local _, semis = string.gsub(sub(s, 2, e - 1), ';', ';')
+  if #s ~= e + 8 * (4 + semis) then return false end
+  local seq, n, b = struct.unpack('<ddd', s, e + 1)
+  return n, b, seq, e + 25
 end
 
 -- 'name=v;name=v' (a capacity) as a table, and its names in order.

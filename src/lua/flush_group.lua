@@ -29,13 +29,14 @@ if not due then return { 0, {} } end
 due = tonumber(due)
 if reason == REASON.TIMEOUT then
   if due > ctx.now then return { 0, {} } end
-  local meta = call('HMGET', gkey, 'n', 'l', 'x')
+  local meta = call('HMGET', gkey, 'n', 'l', 'x', 's')
   local x = meta[3] or ''
   if x == '' then
     reason = REASON.TIMEOUT
   else
     local rules = parse_rules(x)
-    local size, last = tonumber(meta[1]), tonumber(meta[2] or rules[7])
+    -- (A group written under a capacity keeps its count in s.)
+    local size, last = counters(meta[4]) or tonumber(meta[1]), tonumber(meta[2] or rules[7])
     local next_due, why = due_of(rules, last, size, tonumber(ARGV[5]), ctx.now)
     if next_due > ctx.now then
       call('HSET', gkey, 'd', format('%d', next_due), 'r', why)

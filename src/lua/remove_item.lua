@@ -13,10 +13,12 @@
 
 local due_key, gkey = KEYS[1], KEYS[2]
 local key, id = ARGV[1], ARGV[2]
-local got = call('HMGET', gkey, ':' .. id, ';' .. id, 's')
-local v = got[1]
+local got = call('HMGET', gkey, ':' .. id, ';' .. id, 's', 'n')
+local v, s = got[1], got[3]
+-- A group written under a capacity keeps its count, bytes and seq in s.
+local size, bytes, seq, sums_at = counters(s)
 if not v then
-  return { 0, tonumber(call('HGET', gkey, 'n') or '0') }
+  return { 0, size or tonumber(got[4] or '0') }
 end
 local _, ext, at = split_value(v)
 ext = got[2] or ext
@@ -25,9 +27,14 @@ if got[2] then
 else
   call('HDEL', gkey, ':' .. id)
 end
-local size = call('HINCRBY', gkey, 'n', -1)
--- 0 - x, not -x: Lua formats -0 as "-0", which HINCRBY refuses.
-call('HINCRBY', gkey, 'b', 0 - (#v - at + 1))
+local gone = #v - at + 1
+if size then
+  size, bytes = size - 1, bytes - gone
+else
+  size = call('HINCRBY', gkey, 'n', -1)
+  -- 0 - x, not -x: Lua formats -0 as "-0", which HINCRBY refuses.
+  call('HINCRBY', gkey, 'b', 0 - gone)
+end
 if size <= 0 then
   call('DEL', gkey)
   call('ZREM', due_key, key)
@@ -38,26 +45,41 @@ end
 -- dictionary is the capacity in force, it names the packed ext's measures,
 -- and the sums lose the item's; under another capacity, or none, the sums
 -- are dropped, to be summed again from the items when they are needed.
-local s, dictionary = got[3], ARGV[4]
+local dictionary = ARGV[4]
 local from = s and find(s, '=', 1, true)
 local head = dictionary .. '='
 local same = dictionary ~= '' and from and find(s, head, from, true) == from
 local names = same and field_names(dictionary)
 local deadline, measures = false, false
 if ext ~= '' then deadline, measures = parse_ext(ext, names) end
-local sums_at = from and find(s, '=', from + 1, true) + 1
--- (An s that starts with its dictionary holds the seq before the sums.)
-if from == 1 then sums_at = sums_at + 8 end
-if sums_at and sums_at <= #s and ext ~= '' then
-  if not same then
-    call('HSET', gkey, 's', sub(s, 1, sums_at - 1))
-  elseif measures then
-    local count, index = #names, {}
-    for k = 1, count do index[names[k]] = k end
-    local layout = '<' .. string.rep('d', count)
-    local sums = { struct.unpack(layout, s, sums_at) }
-    add_measures(sums, index, measures, -1)
-    call('HSET', gkey, 's', sub(s, 1, sums_at - 1) .. struct.pack(layout, unpack(sums, 1, count)))
+-- The sums in s from `at` less the item's measures, packed.
+local function sums_less(at)
+  local count, index = #names, {}
+  for k = 1, count do index[names[k]] = k end
+  local layout = '<' .. string.rep('d', count)
+  local sums = { struct.unpack(layout, s, at) }
+  if measures then add_measures(sums, index, measures, -1) end
+  return struct.pack(layout, unpack(sums, 1, count))
+end
+if sums_at then
+  -- The counters go back into s with the sums, or without them into n and b.
+  local dict = sub(s, 1, sums_at - 25)
+  if same then
+    call('HSET', gkey, 's', dict .. struct.pack('<ddd', seq, size, bytes) .. sums_less(sums_at))
+  else
+    call('HSET', gkey, 'n', format('%d', size), 'b', format('%d', bytes),
+      's', dict .. struct.pack('<d', seq))
+  end
+else
+  sums_at = from and find(s, '=', from + 1, true) + 1
+  -- (An s that starts with its dictionary holds the seq before the sums.)
+  if from == 1 then sums_at = sums_at + 8 end
+  if sums_at and sums_at <= #s and ext ~= '' then
+    if not same then
+      call('HSET', gkey, 's', sub(s, 1, sums_at - 1))
+    elseif measures then
+      call('HSET', gkey, 's', sub(s, 1, sums_at - 1) .. sums_less(sums_at))
+    end
   end
 end
 if not deadline then return { 1, size } end

@@ -186,8 +186,8 @@ impl FromRedisValue for GroupHash {
                 }
             }
         }
-        let dictionary = meta.get(&b"s"[..]).and_then(|s| dictionary_and_sums(s));
-        let names = dictionary.map_or_else(Vec::new, |(names, _)| ext::names_of(names));
+        let dictionary = meta.get(&b"s"[..]).and_then(|s| dictionary_of(s));
+        let names = dictionary.map_or_else(Vec::new, |d| ext::names_of(d.names));
         let mut items: Vec<(u64, Item)> = Vec::with_capacity(held.len());
         for (field, value) in held {
             let (seq, item) = group_item(&field[1..], &value, &names, exts.get(&field[1..]))?;
@@ -236,9 +236,10 @@ fn group_item(
     Ok((parse_u64(seq)?, item))
 }
 
-/// A group's metadata fields, without its items: `n`, `b`, `o`, `d`, and
-/// (from groups written since they exist) `r`, `l`, `x` and the capacity
-/// measures' sums `=<name>;<name>`.
+/// A group's metadata fields, without its items: `n` and `b` (or for a
+/// group written under a capacity, its `s`), `o`, `d`, and (from groups
+/// written since they exist) `r`, `l`, `x` and the capacity measures' sums
+/// `=<name>;<name>`.
 pub(super) fn group_meta(
     meta: &HashMap<Vec<u8>, Vec<u8>>,
 ) -> Result<(Group, Option<Rules>), ParsingError> {
@@ -259,10 +260,16 @@ pub(super) fn group_meta(
             .parse()?,
         None => FlushReason::Timeout,
     };
+    // A group written under a capacity keeps its count and bytes in `s`.
+    let counts = meta.get(&b"s"[..]).and_then(|s| dictionary_of(s)?.counts);
+    let (size, bytes) = match counts {
+        Some(counts) => counts,
+        None => (field(b"n")?, field(b"b")?),
+    };
     let group = Group {
         key: String::new(),
-        size: field(b"n")? as u32,
-        bytes: field(b"b")?,
+        size: size as u32,
+        bytes,
         opened_at_ms,
         due_at_ms,
         due_reason,
@@ -276,27 +283,61 @@ pub(super) fn group_meta(
     Ok((group, rules))
 }
 
-/// The dictionary (`=` then the measure names joined by `;`) and the sums'
-/// bytes (empty when they were dropped) of a group written under a
-/// capacity, from its `s`. `s` is the sequence number as text, or the
-/// dictionary, `=`, then the sequence number and the sums as doubles; older
-/// versions wrote the sequence number as text, then the dictionary, `=` and
-/// the sums. See `src/lua/batch_lib.lua`.
-fn dictionary_and_sums(s: &[u8]) -> Option<(&[u8], &[u8])> {
+/// What a group's `s` holds when it starts with or holds a dictionary (a
+/// group written under a capacity): the dictionary (`=` then the measure
+/// names joined by `;`), the sums' bytes (empty when they were dropped), and
+/// the item count and payload bytes, when `s` holds them instead of the
+/// fields `n` and `b`. `s` is the sequence number as text, or the
+/// dictionary, `=`, then as doubles the sequence number and either nothing,
+/// or the count, the bytes and the sums (or, as older versions wrote it,
+/// the sums alone); older still, the sequence number as text, then the
+/// dictionary, `=` and the sums. See `src/lua/batch_lib.lua`.
+struct Dictionary<'a> {
+    names: &'a [u8],
+    sums: &'a [u8],
+    counts: Option<(u64, u64)>,
+}
+
+fn dictionary_of(s: &[u8]) -> Option<Dictionary<'_>> {
     let at = s.iter().position(|b| *b == b'=')?;
     let end = at + 1 + s[at + 1..].iter().position(|b| *b == b'=')?;
     let after = &s[end + 1..];
-    match at {
-        0 => Some((&s[..end], after.get(8..).unwrap_or_default())),
-        _ => Some((&s[at..end], after)),
+    if at != 0 {
+        let names = &s[at..end];
+        return Some(Dictionary {
+            names,
+            sums: after,
+            counts: None,
+        });
     }
+    let names = &s[..end];
+    let count = 1 + names.iter().filter(|b| **b == b';').count();
+    if after.len() != 8 * (3 + count) {
+        let sums = after.get(8..).unwrap_or_default();
+        return Some(Dictionary {
+            names,
+            sums,
+            counts: None,
+        });
+    }
+    let double = |i: usize| {
+        let bytes = after[8 * i..8 * i + 8].try_into().unwrap_or_default();
+        f64::from_le_bytes(bytes) as u64
+    };
+    let counts = Some((double(1), double(2)));
+    Some(Dictionary {
+        names,
+        sums: &after[24..],
+        counts,
+    })
 }
 
 /// The capacity measures' sums a group holds, when it does: in its `s`
 /// after its dictionary, one little-endian double per name, or (from
 /// groups older versions wrote) in a field `=<names>` of its own.
 fn capacity_sums(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Vec<(String, u64)> {
-    let from_s = meta.get(&b"s"[..]).and_then(|s| dictionary_and_sums(s));
+    let from_s = meta.get(&b"s"[..]).and_then(|s| dictionary_of(s));
+    let from_s = from_s.map(|d| (d.names, d.sums));
     let older = meta.iter().find(|(field, _)| field.first() == Some(&b'='));
     let Some((names, sums)) = from_s.or(older.map(|(f, v)| (&f[..], &v[..]))) else {
         return Vec::new();
@@ -441,5 +482,41 @@ impl FromRedisValue for Claimed {
             },
             deliveries,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doubles(values: &[f64]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// Each layout of `s` gives its dictionary, its sums and, only for the
+    /// one written under a capacity now, the count and bytes.
+    #[test]
+    fn every_s_layout_is_read() {
+        let dict = &b"=kg;l"[..];
+        let counters = [&b"=kg;l="[..], &doubles(&[7.0, 3.0, 90.0, 12.0, 5.0])].concat();
+        let d = dictionary_of(&counters).expect("counters");
+        assert_eq!((d.names, d.counts), (dict, Some((3, 90))));
+        assert_eq!(d.sums, doubles(&[12.0, 5.0]));
+
+        let older = [&b"=kg;l="[..], &doubles(&[7.0, 12.0, 5.0])].concat();
+        let d = dictionary_of(&older).expect("seq and sums");
+        assert_eq!((d.names, d.counts), (dict, None));
+        assert_eq!(d.sums, doubles(&[12.0, 5.0]));
+
+        let seq_only = [&b"=kg;l="[..], &doubles(&[7.0])].concat();
+        let d = dictionary_of(&seq_only).expect("seq only");
+        assert_eq!((d.names, d.sums, d.counts), (dict, &[][..], None));
+
+        let oldest = [&b"7=kg;l="[..], &doubles(&[12.0, 5.0])].concat();
+        let d = dictionary_of(&oldest).expect("text seq first");
+        assert_eq!((d.names, d.counts), (dict, None));
+        assert_eq!(d.sums, doubles(&[12.0, 5.0]));
+
+        assert!(dictionary_of(b"7").is_none());
     }
 }
