@@ -447,7 +447,12 @@ for g = 1, ngroups do
       if exts[i] ~= '' then
         local cap = caps[g]
         if cap and byte(exts[i], 1) == 42 then -- '*': measures only
-          values = unpack_into(cap[8], 1, cap[5], cap[11], exts[i], 3)
+          values = cap[8]
+          if cap[5] == 2 then
+            values[2], values[3] = struct.unpack(cap[11], exts[i], 3)
+          else
+            unpack_into(values, 1, cap[5], cap[11], exts[i], 3)
+          end
           values[1] = 0
         elseif cap then
           values = unpack_into(cap[8], 0, cap[5] + 1, cap[4], exts[i], 3)
