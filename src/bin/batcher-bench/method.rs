@@ -68,14 +68,14 @@ pub const METHOD: &str = "\
   errors; the service's VmRSS every 100 ms. Target: max RSS ≤ 2× idle RSS + shards × \
   `max_queued_adds` × 1 KiB, p99 ≤ 1 s (half the default deadline), refusals present, no \
   other errors.
-- **11. Every policy rule on**: scenario 1's load four times in the same run, in the order \
-  (a), (b), (b), (a), each on a fresh service over an emptied Redis: (a) the plain policy \
+- **11. Every policy rule on**: scenario 1's load eight times in the same run, in the order \
+  (a), (b), (b), (a), twice, each on a fresh service over an emptied Redis: (a) the plain policy \
   (max_items 10, max_wait 1 h); (b) every rule on (`[keys.\"pr-*\"]` in the config below: max_items 10, max_wait 1 h, max_idle 30 min, \
   capacity 27 kg and 54 l, four cutoffs a day in Europe/Berlin, deadline_lead 5 min, \
   min_items 3, max_age 2 h), every item carrying a weight (200–4800 g) and a volume \
   (1–9 l) drawn evenly, so that about half the groups flush by CAPACITY, and one in ten a \
   deadline 10–40 minutes ahead. Figure: Redis CPU µs per item (as 1b) of (b) over (a), each \
-  pooled over its two runs (their Redis CPU time over their items, so that a machine that \
+  pooled over its four runs (their Redis CPU time over their items, so that a machine that \
   speeds up or slows down meanwhile weighs on both alike), with their mean items/s; the \
   details give each run's batches by reason. Target ≤ 1.3×, and (b) must have written \
   CAPACITY batches.

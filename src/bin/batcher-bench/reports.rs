@@ -331,12 +331,20 @@ pub fn policy_cost(runner: &mut Runner, name: &str, r: &PolicyCost) {
     } else {
         ""
     };
+    let (mut plain, mut rules) = (r.plain.iter().enumerate(), r.rules.iter().enumerate());
+    let runs: Vec<String> = (policies::ORDER.iter())
+        .filter_map(|every_rule| match every_rule {
+            true => rules
+                .next()
+                .map(|(n, i)| run(&format!("Every-rule run {}", n + 1), i)),
+            false => plain
+                .next()
+                .map(|(n, i)| run(&format!("Plain run {}", n + 1), i)),
+        })
+        .collect();
     runner.notes.push(format!(
-        "11. Every policy rule on, in the order the runs ran. {}. {}. {}. {}.{warning}",
-        run("Plain run 1", &r.plain[0]),
-        run("Every-rule run 1", &r.rules[0]),
-        run("Every-rule run 2", &r.rules[1]),
-        run("Plain run 2", &r.plain[1]),
+        "11. Every policy rule on, in the order the runs ran. {}.{warning}",
+        runs.join(". ")
     ));
 }
 

@@ -264,8 +264,8 @@ async fn run_overload(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &s
 }
 
 /// Scenario 11: scenario 1's load under the plain policy and with every
-/// rule on, in the order plain, every rule, every rule, plain, each run on a
-/// fresh service over an emptied Redis.
+/// rule on, in the order of [`policies::ORDER`], each run on a fresh service
+/// over an emptied Redis.
 async fn run_policy_cost(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &str) {
     let name = "11. every policy rule on: Redis CPU per item";
     if !runner.wants("11") {
@@ -276,10 +276,11 @@ async fn run_policy_cost(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run:
         plain: Vec::new(),
         rules: Vec::new(),
     };
-    for (n, every_rule) in [false, true, true, false].into_iter().enumerate() {
+    let runs = policies::ORDER.len();
+    for (n, every_rule) in policies::ORDER.into_iter().enumerate() {
         let label = match every_rule {
-            true => format!("{name} (every-rule run, {} of 4)", n + 1),
-            false => format!("{name} (plain run, {} of 4)", n + 1),
+            true => format!("{name} (every-rule run, {} of {runs})", n + 1),
+            false => format!("{name} (plain run, {} of {runs})", n + 1),
         };
         let Some(target) = runner.setup(&label, env.fresh(true).await) else {
             return;
