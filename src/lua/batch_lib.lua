@@ -313,11 +313,12 @@ local function due_of(rules, last, size, min_items, now)
 end
 
 -- The item count, payload bytes and sequence number that a group written
--- under a capacity keeps in its s (see the layout above), and where its
--- sums start in s; false for an s of any other layout, whose group keeps
--- its count and bytes in n and b. The layouts that start with a dictionary
--- of k names differ in length: 8 bytes after it (the seq), 8 * (1 + k) (the
--- seq and sums, of older versions) or 8 * (3 + k) (these counters).
+-- under a capacity keeps in its s (see the layout above), where its sums
+-- start in s and where its dictionary ends; false for an s of any other
+-- layout, whose group keeps its count and bytes in n and b. The layouts
+-- that start with a dictionary of k names differ in length: 8 bytes after
+-- it (the seq), 8 * (1 + k) (the seq and sums, of older versions) or
+-- 8 * (3 + k) (these counters).
 local function counters(s)
   if not s or byte(s, 1) ~= 61 then return false end -- '='
   local e = find(s, '=', 2, true)
@@ -325,7 +326,7 @@ local function counters(s)
   local _, semis = string.gsub(sub(s, 2, e - 1), ';', ';')
   if #s ~= e + 8 * (4 + semis) then return false end
   local seq, n, b = struct.unpack('<ddd', s, e + 1)
-  return n, b, seq, e + 25
+  return n, b, seq, e + 25, e
 end
 
 -- 'name=v;name=v' (a capacity) as a table, and its names in order.

@@ -16,7 +16,7 @@ local key, id = ARGV[1], ARGV[2]
 local got = call('HMGET', gkey, ':' .. id, ';' .. id, 's', 'n')
 local v, s = got[1], got[3]
 -- A group written under a capacity keeps its count, bytes and seq in s.
-local size, bytes, seq, sums_at = counters(s)
+local size, bytes, seq, sums_at, dict_end = counters(s)
 if not v then
   return { 0, size or tonumber(got[4] or '0') }
 end
@@ -63,7 +63,7 @@ local function sums_less(at)
 end
 if sums_at then
   -- The counters go back into s with the sums, or without them into n and b.
-  local dict = sub(s, 1, sums_at - 25)
+  local dict = sub(s, 1, dict_end)
   if same then
     call('HSET', gkey, 's', dict .. struct.pack('<ddd', seq, size, bytes) .. sums_less(sums_at))
   else
