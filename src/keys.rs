@@ -44,7 +44,12 @@ impl Keyspace {
         }
     }
 
-    /// Number of shards.
+    /// The prefix every key name starts with.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// How many shards the keyspace has.
     pub fn shards(&self) -> u16 {
         self.tags.len() as u16
     }
@@ -75,6 +80,12 @@ impl Keyspace {
             flushed: format!("{tag}:flushed"),
             requeued: format!("{tag}:requeued"),
         }
+    }
+
+    /// The data format marker: the format of everything under the prefix
+    /// (see [`crate::store::Store::check_format`]).
+    pub fn format_marker(&self) -> String {
+        format!("{{{}}}:format", self.prefix)
     }
 
     /// Hash of durable consumer groups: name -> definition (its key filters).

@@ -1,39 +1,96 @@
-//! The Lua scripts, one per atomic operation. Each is loaded once and run by
-//! EVALSHA (redis-rs falls back to loading it on NOSCRIPT).
+//! The Lua. Open groups are read and written by one library of Redis
+//! Functions, the only code that knows a group's layout (format 2, see
+//! `src/lua/layout.lua`) and decides when a group is due (on Redis `TIME`).
+//! It is loaded once per node with `FUNCTION LOAD` and called with `FCALL`,
+//! so a call runs only its function, not a script body that makes its
+//! helpers anew. The durable subscriptions' three scripts (claim, ack,
+//! redrive) touch no group and run by `EVALSHA`.
+//!
+//! The library is named by a hash of its code (`batcher_<hash>`), and so
+//! are its functions, so that two versions of the service on one Redis
+//! (a rolling upgrade) each call their own.
 
 use std::sync::LazyLock;
 
 use redis::Script;
+use sha2::{Digest, Sha256};
 
 use crate::batch::FlushReason;
 
-/// Functions shared by the scripts that read or write groups and batches.
-const BATCH_LIB: &str = include_str!("lua/batch_lib.lua");
+/// The data format the library reads and writes; see [`crate::store::Store::check_format`].
+pub const FORMAT: u32 = 2;
 
-/// A script that writes or reads batches: the `REASON` table made from the
-/// Rust table of flush reasons, so that both languages name them from one
-/// list, then the shared functions, then the script itself.
-fn with_batch_lib(script: &str) -> Script {
-    Script::new(&[&FlushReason::lua_table(), BATCH_LIB, script].concat())
+/// The library's files, in the order they are joined into its body.
+const FILES: [&str; 4] = [
+    include_str!("lua/layout.lua"),
+    include_str!("lua/batches.lua"),
+    include_str!("lua/add.lua"),
+    include_str!("lua/groups.lua"),
+];
+
+/// A function of the library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Function {
+    /// Adds items to the open groups of one shard (`add.lua`).
+    Add,
+    /// Flushes one group, by due time or by request.
+    Flush,
+    /// Removes one item from its open group.
+    Remove,
+    /// Reads one open group.
+    Group,
+    /// Reads which groups of a shard are due.
+    Due,
 }
 
-/// Adds items to the open groups of one shard; flushes groups that fill up,
-/// that an item does not fit, or whose cutoff has passed.
-pub static ADD_ITEMS: LazyLock<Script> =
-    LazyLock::new(|| with_batch_lib(include_str!("lua/add_items.lua")));
+impl Function {
+    const ALL: [(Function, &'static str); 5] = [
+        (Function::Add, "add"),
+        (Function::Flush, "flush"),
+        (Function::Remove, "remove"),
+        (Function::Group, "group"),
+        (Function::Due, "due"),
+    ];
 
-/// Flushes one group, by due time (only if due, and holding a group below
-/// `min_items`) or by request.
-pub static FLUSH_GROUP: LazyLock<Script> =
-    LazyLock::new(|| with_batch_lib(include_str!("lua/flush_group.lua")));
+    /// Its name in Redis: `batcher_<verb>_<library hash>`.
+    pub fn name(self) -> &'static str {
+        let at = Self::ALL.iter().position(|(f, _)| *f == self).unwrap_or(0);
+        &LIBRARY.names[at]
+    }
+}
 
-/// Reads which groups of a shard are due.
-pub static DUE_GROUPS: LazyLock<Script> =
-    LazyLock::new(|| with_batch_lib(include_str!("lua/due_groups.lua")));
+/// The library's code, as `FUNCTION LOAD` takes it, and its functions' names.
+pub struct Library {
+    pub code: String,
+    pub version: String,
+    names: Vec<String>,
+}
 
-/// Removes one item from its open group.
-pub static REMOVE_ITEM: LazyLock<Script> =
-    LazyLock::new(|| with_batch_lib(include_str!("lua/remove_item.lua")));
+/// Registers the library's functions; see the file.
+const REGISTRATION: &str = include_str!("lua/library.lua");
+
+/// The library: a function `body` that holds the `REASON` table made from
+/// the Rust table of flush reasons (so both languages name them from one
+/// list) and the files, then the registration.
+pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    let body = [FlushReason::lua_table()]
+        .into_iter()
+        .chain(FILES.iter().map(|f| f.to_string()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let body = format!("local function body()\n{body}\nend\n{REGISTRATION}");
+    let version = hex::encode(&Sha256::digest(body.as_bytes())[..6]);
+    let code = format!("#!lua name=batcher_{version}\nlocal VERSION = '{version}'\n{body}");
+    let names = Function::ALL
+        .iter()
+        .map(|(_, verb)| format!("batcher_{verb}_{version}"))
+        .collect();
+    Library {
+        code,
+        version,
+        names,
+    }
+});
 
 /// Redelivers a consumer group's timed-out batches, or dead-letters them.
 pub static CLAIM_BATCHES: LazyLock<Script> =

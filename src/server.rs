@@ -196,7 +196,8 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, Server
         pinged => pinged,
     };
     match pinged {
-        Ok(()) => {}
+        // A Redis that answers must hold our data format, or nothing is served.
+        Ok(()) => store.check_format().await?,
         Err(err) if is_auth_failure(&err) => tracing::warn!(
             %err,
             "redis authentication failed: check the user and password in [redis] url or \

@@ -236,14 +236,13 @@ async fn requeue_once_per_batch_item() {
     assert_eq!(group.items[0].measures.get("kg"), Some(&1));
 }
 
-/// A parcel's ext (measures, deadline) is packed into its value, one hash
-/// field per item and short enough that a group of small parcels stays in
-/// Redis's compact encoding (a parcel without a deadline in the short form);
-/// an ext too long for that gets a field of its own. GetGroup, Remove and
-/// the flush read them back, also for items that older versions wrote with
-/// a text ext, inside the value or in a field of its own.
+/// Parcels (a 32-byte payload, a weight and a volume, some with a
+/// deadline, one with a measure the capacity does not name) keep their
+/// group in Redis's compact encoding but for the one whose extra measure
+/// takes its value past 64 bytes; GetGroup, Remove and the flush read every
+/// measure, deadline and payload back.
 #[tokio::test]
-async fn parcel_ext_is_packed_and_old_items_still_read() {
+async fn parcels_stay_compact_and_read_back() {
     let redis = RedisServer::start();
     let policy = Policy {
         capacity: Arc::new(BTreeMap::from([
@@ -253,116 +252,59 @@ async fn parcel_ext_is_packed_and_old_items_still_read() {
         ..Policy::basic(100, Duration::from_secs(600), None)
     };
     let store = open(&redis, &policy);
+    let keyspace = Keyspace::new("pol", 4);
+    let mut con = redis::Client::open(redis.url())
+        .and_then(|c| c.get_connection())
+        .expect("connect");
     let far = 4_000_000_000_000;
     for n in 0..4u64 {
-        // A 32-byte payload: with the ext as text, the value was over 64 bytes.
         let mut item = Item::new(format!("p{n}"), format!("{n:0>32}"));
         item.measures.insert("weight_g".into(), 1200 + n);
         item.measures.insert("volume_cm3".into(), 50_000);
-        if n == 1 {
-            // A measure the capacity does not name rides as text: 8 bytes
-            // more, past 64 with this payload.
-            item.measures.insert("colli".into(), n);
-        }
         if n < 3 {
             item.deadline_ms = Some(far + n);
         }
         add(&store, &policy, item, false).await;
     }
-    let keyspace = Keyspace::new("pol", 4);
-    let gkey = keyspace.group(keyspace.shard_of("k"), "k");
-    let mut con = redis::Client::open(redis.url())
-        .and_then(|c| c.get_connection())
-        .expect("connect");
-    let encoding: String = redis::cmd("OBJECT")
-        .arg("ENCODING")
-        .arg(&gkey)
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(encoding, "listpack", "the group left the compact encoding");
+    let encoding = |con: &mut redis::Connection, key: &str| -> String {
+        let gkey = keyspace.group(keyspace.shard_of(key), key);
+        redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg(&gkey)
+            .query(con)
+            .unwrap()
+    };
     assert_eq!(
-        item_fields(&mut con, &gkey),
-        [":p0", ":p1", ":p2", ":p3", ";p1"]
+        encoding(&mut con, "k"),
+        "listpack",
+        "a parcel left the compact encoding"
     );
-    let short: Vec<u8> = redis::cmd("HGET")
-        .arg(&gkey)
-        .arg(":p3")
-        .query(&mut con)
-        .unwrap();
-    assert_eq!((short[0], short.len()), (b'*', 10 + 2 + 32), "p3's value");
 
     assert!(store.remove("k", b"p1").await.unwrap().0);
-    let left = item_fields(&mut con, &gkey);
-    assert_eq!(left, [":p0", ":p2", ":p3"], "Remove left a field behind");
-    add_old_items(&mut con, &gkey, far);
-
     let group = store.group("k").await.unwrap().expect("open");
     let got: Vec<_> = group.items.iter().map(|i| i.id.clone()).collect();
-    let want = [&b"p0"[..], b"p2", b"p3", b"old", b"mid"].map(<[u8]>::to_vec);
-    assert_eq!(got, want);
+    assert_eq!(got, [&b"p0"[..], b"p2", b"p3"].map(<[u8]>::to_vec));
     assert_eq!(group.items[1].measures.get("weight_g"), Some(&1202));
     assert_eq!(group.items[1].deadline_ms, Some(far + 2));
-    assert_eq!(group.items[2].measures.get("weight_g"), Some(&1203));
     assert_eq!(group.items[2].deadline_ms, None);
-    assert_eq!(group.items[3].requeue_count, 2);
-    assert_eq!(group.items[4].deadline_ms, Some(far));
-    let grams = 1200 + 1202 + 1203 + 7 + 5;
-    assert_eq!(group.measures.get("weight_g"), Some(&grams));
+    assert_eq!(group.measures.get("weight_g"), Some(&(1200 + 1202 + 1203)));
     assert_eq!(group.measures.get("volume_cm3"), Some(&150_000));
+
+    let mut extra = Item::new("p4", format!("{:0>32}", 4));
+    extra.measures.insert("weight_g".into(), 1);
+    extra.measures.insert("colli".into(), 3);
+    add(&store, &policy, extra, false).await;
+    assert_eq!(encoding(&mut con, "k"), "hashtable", "a 70-byte value");
 
     let batches = store.flush("k", FlushReason::Manual).await.unwrap();
     let items = &batches[0].items;
-    assert_eq!(items.len(), 5);
+    assert_eq!(items.len(), 4);
     assert_eq!(items[0].measures.get("volume_cm3"), Some(&50_000));
     assert_eq!(items[0].deadline_ms, Some(far));
     assert_eq!(items[1].payload, format!("{:0>32}", 2).into_bytes());
     assert_eq!(items[2].measures.get("volume_cm3"), Some(&50_000));
-    assert_eq!(items[2].payload, format!("{:0>32}", 3).into_bytes());
-    assert_eq!(items[3].measures.get("weight_g"), Some(&7));
-    assert_eq!(items[3].payload, b"old");
-    assert_eq!(items[4].measures.get("weight_g"), Some(&5));
-    assert_eq!(items[4].payload, b"mid");
-}
-
-/// The item fields (`:<id>`, `;<id>`) of a group hash, sorted.
-fn item_fields(con: &mut redis::Connection, gkey: &str) -> Vec<String> {
-    let fields: Vec<Vec<u8>> = redis::cmd("HKEYS").arg(gkey).query(con).unwrap();
-    let mut fields: Vec<_> = fields
-        .into_iter()
-        .filter(|f| f[0] == b':' || f[0] == b';')
-        .map(|f| String::from_utf8(f).unwrap())
-        .collect();
-    fields.sort();
-    fields
-}
-
-/// Writes two items into a group as older versions wrote them: `old` as
-/// `seq;ext,payload`, and `mid` as `seq,payload` with its ext (deadline
-/// `deadline`, 5 g) in a `;<id>` field; and the group's counters as an
-/// older version keeps them, in `n` and `b`, with only the sequence number
-/// and the sums after the dictionary in `s`.
-fn add_old_items(con: &mut redis::Connection, gkey: &str, deadline: u64) {
-    let s: Vec<u8> = redis::cmd("HGET").arg(gkey).arg("s").query(con).unwrap();
-    let end = 1 + s[1..].iter().position(|b| *b == b'=').unwrap();
-    let double = |i: usize| f64::from_le_bytes(s[end + 1 + 8 * i..][..8].try_into().unwrap());
-    let (n, b) = (double(1) as u64, double(2) as u64);
-    let older = [&s[..end + 9], &s[end + 25..]].concat();
-    redis::cmd("HSET")
-        .arg(gkey)
-        .arg(":old")
-        .arg("9;r2;mweight_g=7,old")
-        .arg(":mid")
-        .arg("10,mid")
-        .arg(";mid")
-        .arg(format!("t{deadline};mweight_g=5"))
-        .arg("n")
-        .arg(n + 2)
-        .arg("b")
-        .arg(b + 6)
-        .arg("s")
-        .arg(older)
-        .query::<()>(con)
-        .unwrap();
+    assert_eq!(items[3].measures.get("colli"), Some(&3));
+    assert_eq!(items[3].measures.get("volume_cm3"), None);
 }
 
 fn weighed(id: &str, measures: &[(&str, u64)]) -> Item {
@@ -420,11 +362,11 @@ async fn capacity_sums_follow_reloads_and_removes() {
     assert_eq!(g.flushed[0].items[0].measures.get("kg"), Some(&1));
 }
 
-/// A Remove under another capacity than the one a group was written under
-/// puts the group's counters back in n and b and drops its sums, which the
-/// next add under that capacity sums anew, without the removed item.
+/// A Remove takes the item's measures out of its group's sums, also when
+/// the store's own policy has another capacity than the one the group was
+/// written under: the next add under that capacity sees them without it.
 #[tokio::test]
-async fn remove_under_another_capacity_drops_the_sums() {
+async fn remove_takes_the_item_out_of_the_sums() {
     let redis = RedisServer::start();
     let kg = with_capacity(&[("kg", 10)]);
     let litres = with_capacity(&[("l", 10)]);
@@ -434,28 +376,17 @@ async fn remove_under_another_capacity_drops_the_sums() {
     assert!(store.remove("k", b"b").await.unwrap().0);
     let group = store.group("k").await.unwrap().expect("open");
     assert_eq!((group.size, group.bytes), (1, 3));
-    let keyspace = Keyspace::new("pol", 4);
-    let gkey = keyspace.group(keyspace.shard_of("k"), "k");
-    let mut con = redis::Client::open(redis.url())
-        .and_then(|c| c.get_connection())
-        .expect("connect");
-    let n: Option<u64> = redis::cmd("HGET")
-        .arg(&gkey)
-        .arg("n")
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(n, Some(1), "the count went back to n");
     // a's 2 l and c's 8 reach 10; with b's 3 still summed, c would not fit.
     let c = add(&store, &litres, weighed("c", &[("kg", 1), ("l", 8)]), false).await;
     assert_eq!(ids(&c), [["a", "c"]]);
     assert_eq!(c.flushed[0].reason, FlushReason::Capacity);
 }
 
-/// Parcels in the short packed form (every capacity measure, nothing else)
-/// are summed as they come, leave the sums when removed, and keep every
-/// measure when a reload renames the capacity and rewrites them as text.
+/// Parcels are summed as they come, leave the sums when removed, and keep
+/// every measure when a reload renames the capacity and their packed
+/// values are written anew for it.
 #[tokio::test]
-async fn short_exts_follow_reloads_and_removes() {
+async fn parcels_follow_reloads_and_removes() {
     let redis = RedisServer::start();
     let both = with_capacity(&[("kg", 10), ("l", 10)]);
     let store = open(&redis, &both);
@@ -492,65 +423,4 @@ async fn short_exts_follow_reloads_and_removes() {
     let want = [("c", 2, 1), ("e", 7, 1), ("f", 1, 3)]
         .map(|(id, kg, l)| weighed(id, &[("kg", kg), ("l", l)]).measures);
     assert_eq!(got, want);
-}
-
-/// A group whose counters older versions wrote (`n` and `b`, and in `s`
-/// the sequence number and then the dictionary and sums, or the dictionary,
-/// the sequence number and the sums) is summed anew from its items, not
-/// from those sums, keeps its arrival order and counts on from its `n`.
-#[tokio::test]
-async fn older_sums_are_summed_anew() {
-    let redis = RedisServer::start();
-    let kg = with_capacity(&[("kg", 10)]);
-    let store = open(&redis, &kg);
-    let keyspace = Keyspace::new("pol", 4);
-    let gkey = keyspace.group(keyspace.shard_of("k"), "k");
-    let mut con = redis::Client::open(redis.url())
-        .and_then(|c| c.get_connection())
-        .expect("connect");
-    // Sums of 9 kg that are wrong: read, c's 3 kg would not fit.
-    let wrong = 9.0f64.to_le_bytes();
-    let seq = 2.0f64.to_le_bytes();
-    let olders = [
-        [&b"2=kg="[..], &wrong].concat(),
-        [&b"=kg="[..], &seq, &wrong].concat(),
-    ];
-    for (older, [a, b, c]) in olders.into_iter().zip([["a", "b", "c"], ["e", "f", "g"]]) {
-        add(&store, &kg, weighed(a, &[("kg", 4)]), false).await;
-        add(&store, &kg, weighed(b, &[("kg", 3)]), false).await;
-        let _: () = redis::cmd("HSET")
-            .arg(&gkey)
-            .arg("s")
-            .arg(older)
-            .arg("n")
-            .arg(2)
-            .arg("b")
-            .arg(6)
-            .query(&mut con)
-            .unwrap();
-        let last = add(&store, &kg, weighed(c, &[("kg", 3)]), false).await;
-        assert_eq!(ids(&last), [[a, b, c]], "4 + 3 + 3 kg reach 10");
-        assert_eq!(last.flushed[0].reason, FlushReason::Capacity);
-    }
-    // An older version's group that takes an item without flushing gets
-    // its counters in s, and its n and b fields go.
-    add(&store, &kg, weighed("h", &[("kg", 1)]), false).await;
-    let older = [&b"=kg="[..], &1.0f64.to_le_bytes(), &1.0f64.to_le_bytes()].concat();
-    let _: () = redis::cmd("HSET")
-        .arg(&gkey)
-        .arg("s")
-        .arg(older)
-        .arg("n")
-        .arg(1)
-        .arg("b")
-        .arg(3)
-        .query(&mut con)
-        .unwrap();
-    let i = add(&store, &kg, weighed("i", &[("kg", 2)]), false).await;
-    assert_eq!(i.group_size, 2);
-    let fields: Vec<String> = redis::cmd("HKEYS").arg(&gkey).query(&mut con).unwrap();
-    assert!(!fields.iter().any(|f| f == "n" || f == "b"), "{fields:?}");
-    let group = store.group("k").await.unwrap().expect("open");
-    assert_eq!((group.size, group.bytes), (2, 6));
-    assert_eq!(group.measures.get("kg"), Some(&3));
 }

@@ -128,6 +128,7 @@ fn store_code(err: &StoreError) -> (Code, &'static str) {
         StoreError::QueueFull { .. } => (Code::ResourceExhausted, "SHARD_QUEUE_FULL"),
         StoreError::OutOfMemory(_) => (Code::ResourceExhausted, "REDIS_OUT_OF_MEMORY"),
         StoreError::Timeout(_) => (Code::Unavailable, "REDIS_TIMEOUT"),
+        StoreError::WrongFormat { .. } => (Code::FailedPrecondition, "DATA_FORMAT_MISMATCH"),
     }
 }
 
@@ -144,6 +145,7 @@ fn store_metadata(err: &StoreError) -> Vec<(&'static str, String)> {
             vec![("shard", shard.to_string()), ("limit", limit.to_string())]
         }
         StoreError::Timeout(budget) => vec![("deadline_ms", budget.as_millis().to_string())],
+        StoreError::WrongFormat { found, .. } => vec![("found", found.clone())],
     }
 }
 

@@ -20,13 +20,13 @@ use redis::{ErrorKind, RedisError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::conn::{Conn, WaitReplicas, invoke};
+use super::conn::{Code, Conn, WaitReplicas, invoke};
 use super::decode::AddReply;
 use super::{AddArgs, Result, Store, StoreError};
 use crate::batch::{Batch, DecodeError, Item};
 use crate::keys::Keyspace;
 use crate::policy::Policy;
-use crate::scripts;
+use crate::scripts::Function;
 
 /// One item to add, with the policy of its key resolved.
 #[derive(Clone, Debug)]
@@ -312,8 +312,14 @@ impl AddWriter {
         }
         let (keys, args) = args.into_parts();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let reply: AddReply =
-            invoke(&self.conn, self.wait, &scripts::ADD_ITEMS, &keys, args).await?;
+        let reply: AddReply = invoke(
+            &self.conn,
+            self.wait,
+            Code::Function(Function::Add),
+            &keys,
+            args,
+        )
+        .await?;
         if reply.items.len() != items.len() {
             return Err(DecodeError("add_items result count".into()).into());
         }

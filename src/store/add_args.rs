@@ -11,15 +11,15 @@ use crate::batch::Item;
 use crate::keys::Keyspace;
 use crate::policy::Policy;
 
-/// The KEYS and ARGV of one call of the add script (`scripts::ADD_ITEMS`)
-/// for one shard, as `src/lua/add_items.lua` documents them:
+/// The KEYS and ARGV of one call of the library's add function
+/// (`src/lua/add.lua` documents them) for one shard:
 ///
 /// - KEYS: the shard's due set, stream, flushed set and requeued set, then
 ///   one hash per group;
-/// - ARGV: the dedup window (ms), the group count G, per group its key,
-///   `max_items`, `max_bytes` (0 = none), `min_items`, `max_wait` (ms), the
-///   other due rules for a group that opens now and its capacity, then per
-///   item its group number (from 1) with its flags, id, payload and ext.
+/// - ARGV: the dedup window (ms); the count of the call's distinct policies
+///   and each one packed ([`packed_policy`]); the group count, and per
+///   group its key and its policy's number (from 1); then per item its
+///   group's number (from 1) with its flags, its id, payload and packed ext.
 ///
 /// Items of one key share a group, whose policy is the one given with its
 /// first item. Keys are taken to be of `shard`: the store picks the shard
@@ -37,13 +37,13 @@ pub struct AddArgs<'a> {
     group_caps: Vec<Arc<BTreeMap<String, u64>>>,
     group_args: Vec<Vec<u8>>,
     item_args: Vec<Vec<u8>>,
-    /// The arguments each policy of the call's groups gives its groups,
-    /// worked out once per call: the cutoffs take a time-zone lookup.
-    policy_args: Vec<(Policy, [Vec<u8>; 6])>,
+    /// The call's distinct policies, each packed once per call: the cutoffs
+    /// take a time-zone lookup.
+    policies: Vec<(Policy, Vec<u8>)>,
 }
 
 /// How far the Redis clock may run ahead of this machine's before a group
-/// could miss its first cutoff: the script gets the first cutoff after
+/// could miss its first cutoff: the function gets the first cutoff after
 /// now minus this, and the one after it, and takes the first still ahead.
 const CLOCK_SKEW: Duration = Duration::from_secs(60);
 
@@ -63,7 +63,7 @@ impl<'a> AddArgs<'a> {
             group_caps: Vec::new(),
             group_args: Vec::new(),
             item_args: Vec::new(),
-            policy_args: Vec::new(),
+            policies: Vec::new(),
         }
     }
 
@@ -119,17 +119,16 @@ impl<'a> AddArgs<'a> {
         self.group_of.insert(key, number);
         self.group_keys.push(self.keyspace.group(self.shard, key));
         self.group_caps.push(policy.capacity.clone());
-        self.group_args.push(key.as_bytes().to_vec());
-        let at = match self.policy_args.iter().position(|(p, _)| p == policy) {
+        let at = match self.policies.iter().position(|(p, _)| p == policy) {
             Some(at) => at,
             None => {
-                let args = policy_args(policy, self.now_ms);
-                self.policy_args.push((policy.clone(), args));
-                self.policy_args.len() - 1
+                let packed = packed_policy(policy, self.now_ms);
+                self.policies.push((policy.clone(), packed));
+                self.policies.len() - 1
             }
         };
-        self.group_args
-            .extend(self.policy_args[at].1.iter().cloned());
+        self.group_args.push(key.as_bytes().to_vec());
+        self.group_args.push((at + 1).to_string().into_bytes());
         number
     }
 
@@ -139,8 +138,12 @@ impl<'a> AddArgs<'a> {
         let mut keys = Vec::with_capacity(4 + self.group_keys.len());
         keys.extend([shard.due, shard.stream, shard.flushed, shard.requeued]);
         keys.extend(self.group_keys);
-        let mut args = Vec::with_capacity(2 + self.group_args.len() + self.item_args.len());
+        let mut args = Vec::with_capacity(
+            3 + self.policies.len() + self.group_args.len() + self.item_args.len(),
+        );
         args.push(millis(self.dedup).into_bytes());
+        args.push(self.policies.len().to_string().into_bytes());
+        args.extend(self.policies.into_iter().map(|(_, packed)| packed));
         args.push(self.group_of.len().to_string().into_bytes());
         args.extend(self.group_args);
         args.extend(self.item_args);
@@ -148,49 +151,47 @@ impl<'a> AddArgs<'a> {
     }
 }
 
-/// A group's arguments after its key, from its policy: `max_items`,
-/// `max_bytes`, `min_items`, `max_wait`, the other due rules and the
-/// capacity.
-fn policy_args(policy: &Policy, now_ms: u64) -> [Vec<u8>; 6] {
-    [
-        policy.max_items.to_string().into_bytes(),
-        policy.max_bytes.unwrap_or(0).to_string().into_bytes(),
-        policy.min_items.to_string().into_bytes(),
-        millis(policy.max_wait).into_bytes(),
-        open_rules(policy, now_ms).into_bytes(),
-        sums(policy.capacity.iter()).into_bytes(),
-    ]
-}
-
-/// The due rules besides `max_wait` for a group opened now:
-/// `max_idle,cutoff,next cutoff,deadline_lead,max_age` in ms, or `""` when
-/// all are 0 (the script's fast path).
-fn open_rules(policy: &Policy, now_ms: u64) -> String {
+/// A policy as the add function takes it, worked out once per call: ten
+/// little-endian doubles (`max_items`, `max_bytes` or 0, `min_items`,
+/// `max_wait`, `max_idle`, the first cutoff after now (less the clock
+/// skew) and the one after it, `deadline_lead`, `max_age`, in ms, 0 for
+/// none; then k, the capacity's measure count), then the capacity's k
+/// limits as doubles, then its measure names joined by `;`, in the order
+/// an item's packed values follow.
+fn packed_policy(policy: &Policy, now_ms: u64) -> Vec<u8> {
     let (c1, c2) = policy.cutoffs.as_ref().map_or((0, 0), |cutoffs| {
         let skewed = now_ms.saturating_sub(CLOCK_SKEW.as_millis() as u64);
         let first = cutoffs.next_after(skewed);
         (first, cutoffs.next_after(first))
     });
-    let idle = policy.max_idle.map_or(0, |d| d.as_millis());
-    let age = policy.max_age.map_or(0, |d| d.as_millis());
-    let lead = policy.deadline_lead.as_millis();
-    if idle == 0 && c1 == 0 && lead == 0 && age == 0 {
-        return String::new();
-    }
-    format!("{idle},{c1},{c2},{lead},{age}")
+    let ms = |d: Option<Duration>| d.map_or(0.0, |d| d.as_millis() as f64);
+    let numbers = [
+        f64::from(policy.max_items),
+        policy.max_bytes.unwrap_or(0) as f64,
+        f64::from(policy.min_items),
+        ms(Some(policy.max_wait)),
+        ms(policy.max_idle),
+        c1 as f64,
+        c2 as f64,
+        ms(Some(policy.deadline_lead)),
+        ms(policy.max_age),
+        policy.capacity.len() as f64,
+    ];
+    let limits = policy.capacity.values().map(|v| *v as f64);
+    let mut packed: Vec<u8> = numbers
+        .into_iter()
+        .chain(limits)
+        .flat_map(f64::to_le_bytes)
+        .collect();
+    packed.extend_from_slice(dictionary(&policy.capacity).as_bytes());
+    packed
 }
 
-/// Named amounts as the scripts write them: `name=v;name=v`.
-pub(crate) fn sums<'m>(measures: impl Iterator<Item = (&'m String, &'m u64)>) -> String {
-    let parts: Vec<String> = measures.map(|(name, v)| format!("{name}={v}")).collect();
-    parts.join(";")
-}
-
-/// The group hash field that holds the sums of `capacity`'s measures: `=`
-/// then their names joined by `;`, in the order the add script keeps them.
-pub(crate) fn sums_field(capacity: &BTreeMap<String, u64>) -> String {
+/// The names of a capacity's measures joined by `;`, in its order (the
+/// order of a packed ext's values and of a group's sums).
+pub(crate) fn dictionary(capacity: &BTreeMap<String, u64>) -> String {
     let names: Vec<&str> = capacity.keys().map(String::as_str).collect();
-    format!("={}", names.join(";"))
+    names.join(";")
 }
 
 fn millis(duration: Duration) -> String {
@@ -201,32 +202,38 @@ fn millis(duration: Duration) -> String {
 mod tests {
     use super::*;
 
-    /// Items of one key share a group; each group's policy and each item's
-    /// group number land where the add script reads them.
+    /// Items of one key share a group; each distinct policy is packed once,
+    /// and each group and item lands where the add function reads it.
     #[test]
-    fn lays_out_groups_then_items() {
+    fn lays_out_policies_groups_then_items() {
         let keyspace = Keyspace::new("t", 4);
         let policy =
             |max_items, max_bytes| Policy::basic(max_items, Duration::from_millis(250), max_bytes);
         let mut args = AddArgs::new(&keyspace, 2, Duration::from_secs(60));
         args.item("a", &policy(10, None), b"1", b"x")
             .item("b", &policy(5, Some(64)), b"2", b"")
-            .item("a", &policy(99, None), b"3", b"z");
+            .item("c", &policy(10, None), b"3", b"y")
+            .item("a", &policy(99, None), b"4", b"z");
         let (keys, argv) = args.into_parts();
         assert_eq!(
             keys,
-            ["due", "batches", "flushed", "requeued", "g:a", "g:b"]
+            ["due", "batches", "flushed", "requeued", "g:a", "g:b", "g:c"]
                 .map(|k| format!("{}:{k}", keyspace.tag(2)))
         );
-        let argv: Vec<&str> = argv
+        assert_eq!(argv[0], b"60000");
+        assert_eq!(argv[1], b"2");
+        let first = argv[2].chunks_exact(8).next().unwrap();
+        assert_eq!(f64::from_le_bytes(first.try_into().unwrap()), 10.0);
+        assert_eq!(argv[2].len(), 80);
+        let rest: Vec<&str> = argv[4..]
             .iter()
             .map(|a| std::str::from_utf8(a).unwrap())
             .collect();
         assert_eq!(
-            argv,
+            rest,
             [
-                "60000", "2", "a", "10", "0", "0", "250", "", "", "b", "5", "64", "0", "250", "",
-                "", "1", "1", "x", "", "2", "2", "", "", "1", "3", "z", ""
+                "3", "a", "1", "b", "2", "c", "1", "1", "1", "x", "", "2", "2", "", "", "3", "3",
+                "y", "", "1", "4", "z", ""
             ]
         );
     }

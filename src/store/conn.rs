@@ -13,7 +13,7 @@
 //! (rustls), verifying the server against the configured root CA, or else
 //! the public web PKI roots.
 //!
-//! [`invoke`] runs a script and, when writes must reach replicas, `WAIT`
+//! [`invoke`] runs a function of the library or a script and, when writes must reach replicas, `WAIT`
 //! right behind it in the store's one explicit pipeline: same node, same
 //! connection, so the `WAIT` covers the script's writes.
 
@@ -31,6 +31,7 @@ use redis::{
 
 use super::Result;
 use crate::keys::debug_assert_one_slot;
+use crate::scripts::{Function, LIBRARY};
 
 /// Where Redis is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -262,38 +263,82 @@ impl Connector {
     }
 }
 
-/// Runs a script with all of its keys in KEYS (checked, in debug builds, to
-/// share one cluster slot), and decodes its reply. With `wait`, see
-/// [`invoke_and_wait`].
+/// What a store call runs in Redis: a function of the library, or one of
+/// the scripts that touch no group.
+#[derive(Clone, Copy)]
+pub(super) enum Code<'a> {
+    Function(Function),
+    Script(&'a redis::Script),
+}
+
+impl Code<'_> {
+    /// The command that runs it: `FCALL` or `EVALSHA`, with its keys and arguments.
+    fn command(&self, keys: &[&str], args: &[Vec<u8>]) -> Cmd {
+        let mut cmd = match self {
+            Code::Function(function) => redis::cmd("FCALL").arg(function.name()).to_owned(),
+            Code::Script(script) => redis::cmd("EVALSHA").arg(script.get_hash()).to_owned(),
+        };
+        cmd.arg(keys.len()).arg(keys).arg(args);
+        cmd
+    }
+
+    /// Whether `err` says the node does not have it: Redis restarted
+    /// without persistence, or a node joined or failed over without it.
+    fn is_missing(&self, err: &RedisError) -> bool {
+        match self {
+            Code::Function(_) => err.to_string().contains("Function not found"),
+            Code::Script(_) => err.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
+        }
+    }
+
+    /// Loads it: on a cluster, `FUNCTION LOAD` and `SCRIPT LOAD` go to every master.
+    async fn load(&self, conn: &mut Conn) -> redis::RedisResult<()> {
+        match self {
+            Code::Function(_) => {
+                redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&LIBRARY.code)
+                    .query_async::<()>(conn)
+                    .await
+            }
+            Code::Script(script) => script.prepare_invoke().load_async(conn).await.map(drop),
+        }
+    }
+}
+
+/// Runs a function or script with all of its keys in KEYS (checked, in
+/// debug builds, to share one cluster slot), loading it first when the
+/// node lacks it, and decodes its reply. With `wait`, see [`invoke_and_wait`].
 pub(super) async fn invoke<T: FromRedisValue>(
     conn: &Conn,
     wait: Option<WaitReplicas>,
-    script: &redis::Script,
+    code: Code<'_>,
     keys: &[&str],
     args: Vec<Vec<u8>>,
 ) -> Result<T> {
     debug_assert_one_slot(keys);
     let mut conn = conn.clone();
     if let Some(wait) = wait {
-        return invoke_and_wait(&mut conn, wait, script, keys, args).await;
+        return invoke_and_wait(&mut conn, wait, code, keys, args).await;
     }
-    let mut invocation = script.prepare_invoke();
-    for key in keys {
-        invocation.key(*key);
+    let cmd = code.command(keys, &args);
+    match cmd.query_async(&mut conn).await {
+        Err(err) if code.is_missing(&err) => {
+            code.load(&mut conn).await?;
+            Ok(cmd.query_async(&mut conn).await?)
+        }
+        done => Ok(done?),
     }
-    for arg in args {
-        invocation.arg(arg);
-    }
-    Ok(invocation.invoke_async(&mut conn).await?)
 }
 
 /// How often a script and its `WAIT` are sent again after a redirect, a
 /// slot in migration or a lost script cache, before the error stands.
 const PIPELINE_ATTEMPTS: u32 = 5;
 
-/// Runs a script and `WAIT` right behind it, in one pipeline: same node,
-/// same connection, so the `WAIT` counts the replicas that have the script's
-/// writes. Fails as unavailable unless enough of them confirmed.
+/// Runs a function or script and `WAIT` right behind it, in one pipeline:
+/// same node, same connection, so the `WAIT` counts the replicas that have
+/// its writes. Fails as unavailable unless enough of them confirmed.
 ///
 /// redis-rs follows MOVED and ASK for single commands but returns them for
 /// a pipeline, so this follows them itself: MOVED refreshes the slot map (a
@@ -302,16 +347,12 @@ const PIPELINE_ATTEMPTS: u32 = 5;
 async fn invoke_and_wait<T: FromRedisValue>(
     conn: &mut Conn,
     wait: WaitReplicas,
-    script: &redis::Script,
+    code: Code<'_>,
     keys: &[&str],
     args: Vec<Vec<u8>>,
 ) -> Result<T> {
     let mut pipe = redis::pipe();
-    pipe.cmd("EVALSHA")
-        .arg(script.get_hash())
-        .arg(keys.len())
-        .arg(keys)
-        .arg(args)
+    pipe.add_command(code.command(keys, &args))
         .cmd("WAIT")
         .arg(wait.replicas)
         .arg(wait.timeout.as_millis() as u64);
@@ -329,12 +370,11 @@ async fn invoke_and_wait<T: FromRedisValue>(
         };
         attempt += 1;
         asking = None;
+        if code.is_missing(&err) {
+            code.load(conn).await?;
+            continue;
+        }
         match err.kind() {
-            ErrorKind::Server(ServerErrorKind::NoScript) => {
-                // Redis restarted or failed over and lost its script cache;
-                // on a cluster, SCRIPT LOAD goes to every master.
-                script.prepare_invoke().load_async(conn).await?;
-            }
             ErrorKind::Server(ServerErrorKind::Ask) => {
                 asking = err.redirect_node().map(|(node, _)| node.to_owned());
             }

@@ -9,6 +9,7 @@ use futures::future::try_join_all;
 use redis::AsyncTypedCommands;
 use redis::streams::{StreamPendingReply, StreamReadOptions};
 
+use super::conn::Code;
 use super::decode::{Claimed, batch_from_entry, batches_from_entries, batches_from_read};
 use super::{Result, Store};
 use crate::batch::{Batch, DecodeError, StreamId};
@@ -111,7 +112,7 @@ impl Store {
         let dead = self.keys.dead_letters(shard, group);
         let claimed: Vec<Claimed> = self
             .run_script(
-                &scripts::CLAIM_BATCHES,
+                Code::Script(&scripts::CLAIM_BATCHES),
                 &[&stream, &dead],
                 vec![
                     group.as_bytes().to_vec(),
@@ -151,7 +152,7 @@ impl Store {
             let stream = self.keys.shard(shard).stream;
             let redriven = self.keys.redriven(shard, group);
             self.run_script::<u32>(
-                &scripts::ACK_BATCHES,
+                Code::Script(&scripts::ACK_BATCHES),
                 &[&stream, &redriven],
                 group_and_ids(group, &ids),
             )
@@ -167,7 +168,7 @@ impl Store {
             let dead = self.keys.dead_letters(shard, group);
             let redriven = self.keys.redriven(shard, group);
             self.run_script::<u32>(
-                &scripts::REDRIVE_BATCHES,
+                Code::Script(&scripts::REDRIVE_BATCHES),
                 &[&stream, &dead, &redriven],
                 group_and_ids(group, &ids),
             )

@@ -2,7 +2,7 @@
 //! (tuples, `Vec`, `Option`, its stream reply types); the impls here only put
 //! them together, so nothing in the store walks a reply by hand.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use redis::streams;
@@ -157,254 +157,64 @@ impl FromRedisValue for DueScan {
     }
 }
 
-/// An open group's hash as HGETALL returns it: metadata fields (see
-/// `src/lua/batch_lib.lua`), one `:<id>` field per item, whose value is
-/// `<sequence>,<payload>` or `<packed ext><sequence>,<payload>` (or
-/// `<sequence>;<ext>,<payload>` in groups that older versions opened), and
-/// a `;<id>` field holding the ext of an item written with one. The
-/// dictionary in `s` names the packed exts' measures. `None` when the group
-/// is not open. The key is the caller's to fill in.
-pub(super) struct GroupHash(pub Option<(Group, Option<Rules>)>);
+/// The library's `group` reply: `{}` when the group is not open, else
+/// `{opened, due, reason, size, bytes, last arrival, max_wait, names,
+/// {sums}, {id, payload, ext, ...}}` (see `src/lua/groups.lua`). The key
+/// is the caller's to fill in.
+pub(super) struct GroupReply(pub Option<Group>);
 
-impl FromRedisValue for GroupHash {
+/// The parts of a `group` reply, in order.
+type GroupParts = (
+    u64,
+    u64,
+    FlushReason,
+    u32,
+    u64,
+    u64,
+    u64,
+    Vec<u8>,
+    Vec<u64>,
+    Vec<Vec<u8>>,
+);
+
+impl FromRedisValue for GroupReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let fields: HashMap<Vec<u8>, Vec<u8>> = from_redis_value(v)?;
-        if fields.is_empty() {
-            return Ok(GroupHash(None));
+        let parts: Vec<Value> = from_redis_value(v)?;
+        if parts.is_empty() {
+            return Ok(GroupReply(None));
         }
-        let mut meta: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-        let mut exts: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-        let mut held: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        for (field, value) in fields {
-            match field.first() {
-                Some(b':') => held.push((field, value)),
-                Some(b';') => {
-                    exts.insert(field[1..].to_vec(), value);
+        let (opened, due, reason, size, bytes, last, max_wait, names, sums, flat): GroupParts =
+            from_redis_value(Value::Array(parts))?;
+        let names = ext::names_of(&names);
+        let mut measures: BTreeMap<String, u64> = names.iter().cloned().zip(sums).collect();
+        let mut items = Vec::with_capacity(flat.len() / 3);
+        for part in flat.chunks_exact(3) {
+            let mut item = Item::new(&part[0][..], part[1].clone());
+            ext::parse(&part[2], &names, &mut item)?;
+            items.push(item);
+        }
+        if !items.is_empty() {
+            // Every measure's sum, not only the capacity's that the group keeps.
+            measures.clear();
+            for item in &items {
+                for (name, value) in &item.measures {
+                    *measures.entry(name.clone()).or_default() += value;
                 }
-                _ => {
-                    meta.insert(field, value);
-                }
             }
         }
-        let dictionary = meta.get(&b"s"[..]).and_then(|s| dictionary_of(s));
-        let names = dictionary.map_or_else(Vec::new, |d| ext::names_of(d.names));
-        let mut items: Vec<(u64, Item)> = Vec::with_capacity(held.len());
-        for (field, value) in held {
-            let (seq, item) = group_item(&field[1..], &value, &names, exts.get(&field[1..]))?;
-            items.push((seq, item));
-        }
-        items.sort_by_key(|(seq, _)| *seq);
-        let (mut group, rules) = group_meta(&meta)?;
-        group.items = items.into_iter().map(|(_, item)| item).collect();
-        // Every measure's sum, not only the capacity measures' the hash keeps.
-        group.measures.clear();
-        for item in &group.items {
-            for (name, value) in &item.measures {
-                *group.measures.entry(name.clone()).or_default() += value;
-            }
-        }
-        Ok(GroupHash(Some((group, rules))))
+        Ok(GroupReply(Some(Group {
+            key: String::new(),
+            size,
+            bytes,
+            opened_at_ms: opened,
+            due_at_ms: due,
+            due_reason: reason,
+            last_added_ms: last,
+            max_wait: Duration::from_millis(max_wait),
+            measures,
+            items,
+        })))
     }
-}
-
-/// One item of a group hash: its sequence number and the item, from its
-/// `:<id>` field's value and its `;<id>` field's, if any.
-fn group_item(
-    id: &[u8],
-    value: &[u8],
-    names: &[String],
-    text_ext: Option<&Vec<u8>>,
-) -> Result<(u64, Item), ParsingError> {
-    let bad = || ParsingError::from("group item without sequence");
-    let mut item = Item::new(id, Vec::new());
-    let mut rest = value;
-    if matches!(value.first(), Some(b'+' | b'*')) {
-        let len = ext::packed_len(value).ok_or_else(bad)?;
-        ext::parse(&value[..len], names, &mut item)?;
-        rest = &value[len..];
-    }
-    let comma = rest.iter().position(|b| *b == b',').ok_or_else(bad)?;
-    let mut seq = &rest[..comma];
-    item.payload = rest[comma + 1..].to_vec();
-    if let Some(semi) = seq.iter().position(|b| *b == b';') {
-        ext::parse(&seq[semi + 1..], names, &mut item)?;
-        seq = &seq[..semi];
-    }
-    if let Some(text) = text_ext {
-        ext::parse(text, names, &mut item)?;
-    }
-    Ok((parse_u64(seq)?, item))
-}
-
-/// A group's metadata fields, without its items: `n` and `b` (or for a
-/// group written under a capacity, its `s`), `o`, `d`, and (from groups
-/// written since they exist) `r`, `l`, `x` and the capacity measures' sums
-/// `=<name>;<name>`.
-pub(super) fn group_meta(
-    meta: &HashMap<Vec<u8>, Vec<u8>>,
-) -> Result<(Group, Option<Rules>), ParsingError> {
-    let field = |name: &[u8]| -> Result<u64, ParsingError> {
-        parse_u64(meta.get(name).ok_or("group without metadata")?)
-    };
-    let opened_at_ms = field(b"o")?;
-    let due_at_ms = field(b"d")?;
-    let rules = meta.get(&b"x"[..]).filter(|x| !x.is_empty());
-    let rules = rules.map(|x| Rules::parse(x)).transpose()?;
-    let max_wait_ms = match &rules {
-        Some(rules) => rules.0[0] as u64,
-        None => due_at_ms.saturating_sub(opened_at_ms),
-    };
-    let due_reason = match meta.get(&b"r"[..]) {
-        Some(r) => std::str::from_utf8(r)
-            .map_err(|_| "due reason not UTF-8")?
-            .parse()?,
-        None => FlushReason::Timeout,
-    };
-    // A group written under a capacity keeps its count and bytes in `s`.
-    let counts = meta.get(&b"s"[..]).and_then(|s| dictionary_of(s)?.counts);
-    let (size, bytes) = match counts {
-        Some(counts) => counts,
-        None => (field(b"n")?, field(b"b")?),
-    };
-    let group = Group {
-        key: String::new(),
-        size: size as u32,
-        bytes,
-        opened_at_ms,
-        due_at_ms,
-        due_reason,
-        last_added_ms: meta
-            .get(&b"l"[..])
-            .map_or(Ok(opened_at_ms), |l| parse_u64(l))?,
-        max_wait: Duration::from_millis(max_wait_ms),
-        measures: capacity_sums(meta).into_iter().collect(),
-        items: Vec::new(),
-    };
-    Ok((group, rules))
-}
-
-/// What a group's `s` holds when it starts with or holds a dictionary (a
-/// group written under a capacity): the dictionary (`=` then the measure
-/// names joined by `;`), the sums' bytes (empty when they were dropped), and
-/// the item count and payload bytes, when `s` holds them instead of the
-/// fields `n` and `b`. `s` is the sequence number as text, or the
-/// dictionary, `=`, then as doubles the sequence number and either nothing,
-/// or the count, the bytes and the sums (or, as older versions wrote it,
-/// the sums alone); older still, the sequence number as text, then the
-/// dictionary, `=` and the sums. See `src/lua/batch_lib.lua`.
-struct Dictionary<'a> {
-    names: &'a [u8],
-    sums: &'a [u8],
-    counts: Option<(u64, u64)>,
-}
-
-fn dictionary_of(s: &[u8]) -> Option<Dictionary<'_>> {
-    let at = s.iter().position(|b| *b == b'=')?;
-    let end = at + 1 + s[at + 1..].iter().position(|b| *b == b'=')?;
-    let after = &s[end + 1..];
-    if at != 0 {
-        let names = &s[at..end];
-        return Some(Dictionary {
-            names,
-            sums: after,
-            counts: None,
-        });
-    }
-    let names = &s[..end];
-    let count = 1 + names.iter().filter(|b| **b == b';').count();
-    if after.len() != 8 * (3 + count) {
-        let sums = after.get(8..).unwrap_or_default();
-        return Some(Dictionary {
-            names,
-            sums,
-            counts: None,
-        });
-    }
-    let double = |i: usize| {
-        let bytes = after[8 * i..8 * i + 8].try_into().unwrap_or_default();
-        f64::from_le_bytes(bytes) as u64
-    };
-    let counts = Some((double(1), double(2)));
-    Some(Dictionary {
-        names,
-        sums: &after[24..],
-        counts,
-    })
-}
-
-/// The capacity measures' sums a group holds, when it does: in its `s`
-/// after its dictionary, one little-endian double per name, or (from
-/// groups older versions wrote) in a field `=<names>` of its own.
-fn capacity_sums(meta: &HashMap<Vec<u8>, Vec<u8>>) -> Vec<(String, u64)> {
-    let from_s = meta.get(&b"s"[..]).and_then(|s| dictionary_of(s));
-    let from_s = from_s.map(|d| (d.names, d.sums));
-    let older = meta.iter().find(|(field, _)| field.first() == Some(&b'='));
-    let Some((names, sums)) = from_s.or(older.map(|(f, v)| (&f[..], &v[..]))) else {
-        return Vec::new();
-    };
-    let names = ext::names_of(names);
-    if sums.len() != 8 * names.len() {
-        return Vec::new();
-    }
-    let sums = sums
-        .chunks_exact(8)
-        .map(|bytes| f64::from_le_bytes(bytes.try_into().unwrap_or_default()) as u64);
-    names.into_iter().zip(sums).collect()
-}
-
-/// A group's due rules (its `x` field): max_wait, max_idle, the cutoff,
-/// deadline_lead, max_age, the earliest item deadline and opened-at, in ms
-/// (0 = none), as little-endian doubles.
-pub(super) struct Rules([f64; 7]);
-
-impl Rules {
-    fn parse(x: &[u8]) -> Result<Rules, ParsingError> {
-        if x.len() != 56 {
-            return Err("group rules of the wrong size".into());
-        }
-        let mut rules = [0.0; 7];
-        for (rule, bytes) in rules.iter_mut().zip(x.chunks_exact(8)) {
-            *rule = f64::from_le_bytes(bytes.try_into().unwrap_or_default());
-        }
-        Ok(Rules(rules))
-    }
-
-    /// The group's due time and the rule that sets it, as the scripts'
-    /// `due_of` computes it: the stored due time may be an earlier wake-up
-    /// when only max_idle moved it later.
-    pub(super) fn due(&self, last: u64, size: u32, min_items: u32, now: u64) -> (u64, FlushReason) {
-        let [wait, idle, cutoff, lead, age, deadline, opened] = self.0.map(|r| r as u64);
-        let held = age > 0 && size < min_items;
-        let passed = |t: u64| held && t <= now;
-        let mut due = (u64::MAX, FlushReason::MaxAge);
-        if !passed(opened + wait) {
-            due = (opened + wait, FlushReason::Timeout);
-        }
-        if idle > 0 && last + idle < due.0 && !passed(last + idle) {
-            due = (last + idle, FlushReason::Idle);
-        }
-        for (at, set, reason) in [
-            (cutoff, cutoff > 0, FlushReason::Cutoff),
-            (
-                deadline.saturating_sub(lead),
-                deadline > 0,
-                FlushReason::Deadline,
-            ),
-            (opened + age, age > 0, FlushReason::MaxAge),
-        ] {
-            if set && at <= due.0 {
-                due = (at, reason);
-            }
-        }
-        due
-    }
-}
-
-fn parse_u64(b: &[u8]) -> Result<u64, ParsingError> {
-    std::str::from_utf8(b)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("expected a number, got {b:?}").into())
 }
 
 /// A batch as a stream entry holds it: fields `key`, `reason`, `opened`,
@@ -482,41 +292,5 @@ impl FromRedisValue for Claimed {
             },
             deliveries,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn doubles(values: &[f64]) -> Vec<u8> {
-        values.iter().flat_map(|v| v.to_le_bytes()).collect()
-    }
-
-    /// Each layout of `s` gives its dictionary, its sums and, only for the
-    /// one written under a capacity now, the count and bytes.
-    #[test]
-    fn every_s_layout_is_read() {
-        let dict = &b"=kg;l"[..];
-        let counters = [&b"=kg;l="[..], &doubles(&[7.0, 3.0, 90.0, 12.0, 5.0])].concat();
-        let d = dictionary_of(&counters).expect("counters");
-        assert_eq!((d.names, d.counts), (dict, Some((3, 90))));
-        assert_eq!(d.sums, doubles(&[12.0, 5.0]));
-
-        let older = [&b"=kg;l="[..], &doubles(&[7.0, 12.0, 5.0])].concat();
-        let d = dictionary_of(&older).expect("seq and sums");
-        assert_eq!((d.names, d.counts), (dict, None));
-        assert_eq!(d.sums, doubles(&[12.0, 5.0]));
-
-        let seq_only = [&b"=kg;l="[..], &doubles(&[7.0])].concat();
-        let d = dictionary_of(&seq_only).expect("seq only");
-        assert_eq!((d.names, d.sums, d.counts), (dict, &[][..], None));
-
-        let oldest = [&b"7=kg;l="[..], &doubles(&[12.0, 5.0])].concat();
-        let d = dictionary_of(&oldest).expect("text seq first");
-        assert_eq!((d.names, d.counts), (dict, None));
-        assert_eq!(d.sums, doubles(&[12.0, 5.0]));
-
-        assert!(dictionary_of(b"7").is_none());
     }
 }

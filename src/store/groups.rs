@@ -2,15 +2,12 @@
 //! sweeper's due scan, and reading one group or a page of them.
 
 use futures::future::try_join_all;
-use redis::AsyncCommands;
 
-use std::collections::HashMap;
-
-use super::add_args::sums_field;
-use super::decode::{GroupHash, Rules, ScriptBatch, group_meta};
-use super::{Result, Store, StoreError};
-use crate::batch::{Batch, DecodeError, FlushReason, Group};
-use crate::scripts;
+use super::conn::Code;
+use super::decode::{GroupReply, ScriptBatch};
+use super::{Result, Store};
+use crate::batch::{Batch, FlushReason, Group};
+use crate::scripts::Function;
 
 /// What one sweep step saw in a shard.
 #[derive(Debug)]
@@ -40,18 +37,13 @@ impl Store {
         let shard_keys = self.keys.shard(shard);
         let group = self.keys.group(shard, key);
         let policy = self.policies.resolve(key);
-        let sums = match policy.capacity.is_empty() {
-            true => String::new(),
-            false => sums_field(&policy.capacity),
-        };
         self.run_script(
-            &scripts::REMOVE_ITEM,
+            Code::Function(Function::Remove),
             &[&shard_keys.due, &group],
             vec![
                 key.as_bytes().to_vec(),
                 id.to_vec(),
                 policy.min_items.to_string().into_bytes(),
-                sums.into_bytes(),
             ],
         )
         .await
@@ -79,7 +71,7 @@ impl Store {
         let policy = self.policies.resolve(key);
         let (due_at_ms, batches): (u64, Vec<ScriptBatch>) = self
             .run_script(
-                &scripts::FLUSH_GROUP,
+                Code::Function(Function::Flush),
                 &[
                     &shard_keys.due,
                     &shard_keys.stream,
@@ -110,7 +102,7 @@ impl Store {
     pub async fn due_groups(&self, shard: u16, limit: usize) -> Result<DueScan> {
         let shard_keys = self.keys.shard(shard);
         self.run_read_script(
-            &scripts::DUE_GROUPS,
+            Code::Function(Function::Due),
             &[&shard_keys.due],
             vec![limit.to_string().into_bytes()],
         )
@@ -128,16 +120,27 @@ impl Store {
 
     /// Reads a key's open group, with its items in arrival order.
     pub async fn group(&self, key: &str) -> Result<Option<Group>> {
-        let shard = self.keys.shard_of(key);
-        let mut conn = self.conn.clone();
-        let hash: GroupHash = redis::cmd("HGETALL")
-            .arg(self.keys.group(shard, key))
-            .query_async(&mut conn)
-            .await?;
+        self.open_group(self.keys.shard_of(key), key, true).await
+    }
+
+    /// Reads one open group (with its items, or without), as its rules
+    /// make it due by the Redis clock now.
+    async fn open_group(&self, shard: u16, key: &str, items: bool) -> Result<Option<Group>> {
         let min_items = self.policies.resolve(key).min_items;
-        Ok(hash.0.map(|(group, rules)| Group {
+        let reply: GroupReply = self
+            .run_read_script(
+                Code::Function(Function::Group),
+                &[&self.keys.shard(shard).due, &self.keys.group(shard, key)],
+                vec![
+                    key.as_bytes().to_vec(),
+                    min_items.to_string().into_bytes(),
+                    if items { b"1".to_vec() } else { b"0".to_vec() },
+                ],
+            )
+            .await?;
+        Ok(reply.0.map(|group| Group {
             key: key.to_owned(),
-            ..exact_due(group, rules.as_ref(), min_items)
+            ..group
         }))
     }
 
@@ -186,39 +189,13 @@ impl Store {
     }
 
     /// Reads the metadata (not the items) of the given (due, key, shard)
-    /// groups. Each read is its own command, so that on a cluster each goes
+    /// groups. Each read is its own call, so that on a cluster each goes
     /// to the node of its shard; the multiplexed connection pipelines them.
     /// A group flushed meanwhile is left out.
     async fn group_summaries(&self, candidates: &[(u64, String, u16)]) -> Result<Vec<Group>> {
-        let policies = self.policies.current();
-        let reads = candidates.iter().map(|(_, key, shard)| {
-            let mut fields: Vec<String> = ["o", "d", "n", "b", "s", "r", "l", "x"]
-                .map(String::from)
-                .to_vec();
-            let policy = policies.resolve(key);
-            let min_items = policy.min_items;
-            if !policy.capacity.is_empty() {
-                fields.push(sums_field(&policy.capacity));
-            }
-            async move {
-                let mut conn = self.conn.clone();
-                let values: Vec<Option<Vec<u8>>> =
-                    conn.hmget(self.keys.group(*shard, key), &fields).await?;
-                let meta: HashMap<Vec<u8>, Vec<u8>> = fields
-                    .into_iter()
-                    .zip(values)
-                    .filter_map(|(name, value)| Some((name.into_bytes(), value?)))
-                    .collect();
-                if meta.len() < 4 {
-                    return Ok::<_, StoreError>(None);
-                }
-                let (group, rules) = group_meta(&meta).map_err(DecodeError::from)?;
-                Ok(Some(Group {
-                    key: key.clone(),
-                    ..exact_due(group, rules.as_ref(), min_items)
-                }))
-            }
-        });
+        let reads = candidates
+            .iter()
+            .map(|(_, key, shard)| self.open_group(*shard, key, false));
         Ok(try_join_all(reads).await?.into_iter().flatten().collect())
     }
 
@@ -272,20 +249,5 @@ impl Store {
             }
         }
         Ok((found, None))
-    }
-}
-
-/// `group` with its due time and reason as its rules give them now: the
-/// stored due time is an earlier wake-up when only max_idle moved it later.
-fn exact_due(group: Group, rules: Option<&Rules>, min_items: u32) -> Group {
-    let Some(rules) = rules else { return group };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let (due_at_ms, due_reason) = rules.due(group.last_added_ms, group.size, min_items, now);
-    Group {
-        due_at_ms,
-        due_reason,
-        ..group
     }
 }

@@ -51,7 +51,7 @@ pub use groups::{DueScan, GroupPos};
 pub use stats::ConsumerGroupStats;
 
 use add::{AddWriter, ShardQueue};
-use conn::{Connector, invoke};
+use conn::{Code, Connector, invoke};
 
 /// Errors of the store layer.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -74,6 +74,16 @@ pub enum StoreError {
     /// first write.
     #[error("redis is out of memory (maxmemory)")]
     OutOfMemory(RedisError),
+    /// Redis holds data under the prefix in another format than this
+    /// build's ([`crate::scripts::FORMAT`]); nothing is written to it.
+    #[error(
+        "redis holds batcher data format {found} under prefix {prefix:?}, and this batcher reads \
+         and writes format {}; run the version that wrote it until every group has flushed and \
+         every subscriber caught up, then delete the prefix's keys, or give this one another \
+         [redis] prefix",
+        crate::scripts::FORMAT
+    )]
+    WrongFormat { found: String, prefix: String },
     /// The call's deadline (this long) passed before Redis answered.
     #[error("redis did not answer within {}", humantime::format_duration(*.0))]
     Timeout(Duration),
@@ -215,24 +225,78 @@ impl Store {
         Ok(())
     }
 
-    /// Runs a write script on the shared connection, waiting for replicas
+    /// Checks the format marker under the prefix ([`Keyspace::format_marker`])
+    /// against [`crate::scripts::FORMAT`], and sets it where the prefix
+    /// holds nothing yet. A prefix with shard keys but no marker holds
+    /// format 1, which had none. Fails with [`StoreError::WrongFormat`]
+    /// for any other format, older or newer.
+    pub async fn check_format(&self) -> Result<()> {
+        let marker = self.keys.format_marker();
+        let mut conn = self.conn.clone();
+        let mut found: Option<String> = redis::cmd("GET")
+            .arg(&marker)
+            .query_async(&mut conn)
+            .await?;
+        if found.is_none() {
+            let shards = (0..self.keys.shards()).map(|shard| {
+                let keys = self.keys.shard(shard);
+                let mut conn = self.conn.clone();
+                async move {
+                    redis::cmd("EXISTS")
+                        .arg(&keys.due)
+                        .arg(&keys.stream)
+                        .query_async::<u32>(&mut conn)
+                        .await
+                }
+            });
+            let used = futures::future::try_join_all(shards).await?;
+            if used.iter().any(|n| *n > 0) {
+                found = Some("1".into());
+            } else {
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(&marker)
+                    .arg(crate::scripts::FORMAT)
+                    .arg("NX")
+                    .query_async(&mut conn)
+                    .await?;
+                if set.is_none() {
+                    // Another instance set it first.
+                    found = redis::cmd("GET")
+                        .arg(&marker)
+                        .query_async(&mut conn)
+                        .await?;
+                }
+            }
+        }
+        match found {
+            Some(found) if found != crate::scripts::FORMAT.to_string() => {
+                Err(StoreError::WrongFormat {
+                    found,
+                    prefix: self.keys.prefix().to_owned(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs a write function or script on the shared connection, waiting for replicas
     /// when the store is set to (see `invoke`).
     async fn run_script<T: FromRedisValue>(
         &self,
-        script: &redis::Script,
+        code: Code<'_>,
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<T> {
-        invoke(&self.conn, self.wait, script, keys, args).await
+        invoke(&self.conn, self.wait, code, keys, args).await
     }
 
-    /// Runs a script that writes nothing: no replica has anything to confirm.
+    /// Runs a function or script that writes nothing: no replica has anything to confirm.
     async fn run_read_script<T: FromRedisValue>(
         &self,
-        script: &redis::Script,
+        code: Code<'_>,
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<T> {
-        invoke(&self.conn, None, script, keys, args).await
+        invoke(&self.conn, None, code, keys, args).await
     }
 }

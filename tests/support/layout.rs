@@ -99,7 +99,8 @@ pub struct Layout {
     pub keyed: usize,
     /// Upper-cased names of every command recorded.
     pub names: HashSet<String>,
-    /// Distinct scripts (the sha or source of EVALSHA/EVAL calls).
+    /// Distinct scripts and functions (the sha or source of EVALSHA/EVAL
+    /// calls, the function name of FCALL calls).
     pub scripts: HashSet<Vec<u8>>,
 }
 
@@ -115,7 +116,7 @@ pub fn check_layout(port: u16, text: &str) -> Layout {
     };
     for args in &commands {
         let name = String::from_utf8_lossy(&args[0]).to_uppercase();
-        if name == "EVALSHA" || name == "EVAL" {
+        if matches!(name.as_str(), "EVALSHA" | "EVAL" | "FCALL" | "FCALL_RO") {
             layout.scripts.insert(args[1].clone());
         }
         layout.names.insert(name);

@@ -57,7 +57,7 @@ pub fn report(
     prefix: &str,
 ) {
     let per_sec = r.ingest.stats.per_sec();
-    reports::bar(runner, "9. AddMany, 3-master cluster", per_sec, None);
+    reports::bar(runner, "9. AddMany, 3-master cluster", per_sec);
     let single_per_sec = single.map(|s| s.stats.per_sec());
     let us = |v: Option<f64>| v.map_or("n/a".into(), |us| format!("{us:.1} µs"));
     let single_us = single.and_then(Ingest::redis_us_per_item);

@@ -27,8 +27,14 @@ impl Ingest {
     /// it, in µs: the Redis work per item. None when Redis is not the bench's
     /// own (its CPU time cannot be read) or nothing was added.
     pub fn redis_us_per_item(&self) -> Option<f64> {
-        let secs = self.cpu.seconds("redis")?;
-        (self.stats.added > 0).then(|| secs * 1e6 / self.stats.added as f64)
+        us_per_add(&self.cpu, "redis", &self.stats)
+    }
+
+    /// The service's CPU time over the window divided by the items added in
+    /// it, in µs. None when the service is not the bench's own or nothing
+    /// was added.
+    pub fn service_us_per_item(&self) -> Option<f64> {
+        us_per_add(&self.cpu, "service", &self.stats)
     }
 
     /// "SIZE 52%, CAPACITY 48%": the share of each reason among the batches
@@ -49,6 +55,14 @@ impl Ingest {
             shares.join(", ")
         }
     }
+}
+
+/// The CPU time the process named `process` used over the window divided by
+/// the items added in it, in µs; None when it was not metered or nothing was
+/// added.
+pub fn us_per_add(cpu: &CpuUse, process: &str, stats: &LoadStats) -> Option<f64> {
+    let secs = cpu.seconds(process)?;
+    (stats.added > 0).then(|| secs * 1e6 / stats.added as f64)
 }
 
 /// Keys the ingest scenarios spread their items over.

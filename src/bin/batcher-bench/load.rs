@@ -44,8 +44,8 @@ pub async fn connect_many(addr: SocketAddr, n: usize) -> Result<Vec<Client>, Str
 }
 
 /// A group key: `<scenario>-<run tag><number>`, 15 bytes for the ingest
-/// scenarios as in the ceiling. The run tag keeps keys of different runs apart
-/// when Redis or the service is not the bench's own.
+/// scenarios (two-letter scenario tags). The run tag keeps keys of different
+/// runs apart when Redis or the service is not the bench's own.
 pub fn key(scenario: &str, run: &str, n: u64) -> String {
     format!("{scenario}-{run}{n:08}")
 }

@@ -201,8 +201,10 @@ impl Document<'_> {
             out,
             "Written by `batcher-bench` (`src/bin/batcher-bench/`); rerun it to refresh \
              this file. Redis, the service and the load generator share one machine, so \
-             every throughput is also given as a ratio to the ceiling measured in the \
-             same run.\n"
+             the throughputs here are reference figures of this machine and run. Two \
+             yardsticks our code cannot move judge them: `bench/peer/run` compares rows 1 \
+             and 2 with BullMQ in the same sitting, and `batcher-bench instructions` counts \
+             the Redis instructions per added item.\n"
         );
         let _ = writeln!(out, "- Command: `{}`", self.command);
         let _ = writeln!(out, "- Mode: {}", self.mode);

@@ -1,10 +1,10 @@
 //! The per-scenario report: how each scenario's result becomes rows of the
 //! table (figure, target, ratio, verdict) and a line of the details.
 
-use super::ceiling::Ceiling;
+use super::calls::{AddsPerCall, Level};
 use super::charts::{self, Bar};
 use super::fanout::Fanout;
-use super::ingest::Ingest;
+use super::ingest::{Ingest, us_per_add};
 use super::load;
 use super::overload::{OVERLOAD, Overload};
 use super::policies::{self, PolicyCost};
@@ -16,6 +16,8 @@ use super::scale::{Probe, ScaleResult};
 
 /// The AddMany target on Redis CPU per item, in µs.
 const ADD_MANY_REDIS_US: f64 = 8.0;
+/// The unary Add target on the service's CPU per add, in µs.
+const ADD_SERVICE_US: f64 = 20.0;
 /// The timeout-lateness targets (scenario 3), in ms.
 const LATENESS_P99_MS: f64 = 5.0;
 const LATENESS_MAX_MS: f64 = 25.0;
@@ -36,56 +38,12 @@ pub fn ratio(value: f64, reference: f64) -> f64 {
     }
 }
 
-/// "0.53×" and PASS when `value` is at least `factor` times `reference`.
-fn versus(value: f64, reference: Option<f64>, factor: f64) -> (String, Verdict) {
-    match reference {
-        Some(reference) => {
-            let r = ratio(value, reference);
-            (format!("{r:.2}×"), Verdict::of(r >= factor))
-        }
-        None => ("n/a (no ceiling)".to_string(), Verdict::Info),
-    }
-}
-
-/// A bar of the throughput chart; `target` in items/s.
-pub fn bar(runner: &mut Runner, label: &str, per_sec: f64, target: Option<f64>) {
+/// A bar of the throughput chart, in items/s.
+pub fn bar(runner: &mut Runner, label: &str, per_sec: f64) {
     runner.charts.throughput.push(Bar {
         label: label.into(),
         per_sec,
-        target,
-        ceiling: false,
     });
-}
-
-/// The two ceiling rows, and their commands and checks in the notes.
-pub fn ceiling(runner: &mut Runner, c: &Ceiling) {
-    for (label, run) in [("no pipelining", &c.unpipelined), ("-P 16", &c.pipelined)] {
-        runner.charts.throughput.push(Bar {
-            label: format!("ceiling: EVALSHA add_items, 50 clients, {label}"),
-            per_sec: run.ops_per_sec,
-            target: None,
-            ceiling: true,
-        });
-        runner.rows.push(Row::new(
-            format!("ceiling: EVALSHA add_items, 50 clients, {label}"),
-            format!("{:.0} calls/s", run.ops_per_sec),
-            "reference",
-            "",
-            Verdict::Info,
-        ));
-        let check = if run.added == run.issued {
-            "every call added its item".to_string()
-        } else {
-            format!("only {} of {} calls added an item", run.added, run.issued)
-        };
-        runner.notes.push(format!(
-            "Ceiling, {label}: {:.0} calls/s over {} calls ({check}); CPU {}. Command: `{}`",
-            run.ops_per_sec,
-            run.issued,
-            if run.cpu.is_empty() { "n/a" } else { &run.cpu },
-            run.command
-        ));
-    }
 }
 
 /// The timeout-lateness row, and what else the run saw in the notes.
@@ -237,17 +195,17 @@ fn redis_cpu(r: &Ingest) -> String {
     }
 }
 
-/// Scenario 1's throughput row, its Redis-CPU-per-item row, and its notes.
-pub fn add_many(runner: &mut Runner, name: &str, r: &Ingest, pipelined: Option<f64>) {
+/// Scenario 1's throughput row (a reference figure), its Redis-CPU-per-item
+/// row, and its notes.
+pub fn add_many(runner: &mut Runner, name: &str, r: &Ingest) {
     let per_sec = r.stats.per_sec();
-    let (ratio, verdict) = versus(per_sec, pipelined, 1.0);
-    bar(runner, "1. AddMany, 100 items/call", per_sec, pipelined);
+    bar(runner, "1. AddMany, 100 items/call", per_sec);
     runner.rows.push(Row::new(
         name,
         format!("{per_sec:.0} items/s; {}", redis_cpu(r)),
-        "≥ 1.0× pipelined ceiling",
-        ratio,
-        verdict,
+        "reference",
+        "",
+        Verdict::Info,
     ));
     let target = format!("≤ {ADD_MANY_REDIS_US:.0} µs");
     runner.rows.push(match r.redis_us_per_item() {
@@ -297,7 +255,7 @@ pub fn policy_cost(runner: &mut Runner, name: &str, r: &PolicyCost) {
     };
     let capacity_flushes = r.capacity_flushes();
     let per_sec = policies::mean_per_sec(&r.rules);
-    bar(runner, "11. AddMany, every policy rule on", per_sec, None);
+    bar(runner, "11. AddMany, every policy rule on", per_sec);
     let (ratio, verdict) = match r.ratio() {
         Some(x) => (
             format!("{x:.2}×"),
@@ -348,15 +306,19 @@ pub fn policy_cost(runner: &mut Runner, name: &str, r: &PolicyCost) {
     ));
 }
 
-/// The unary Add target: this share of the unpipelined ceiling.
-const ADD_SHARE: f64 = 0.55;
+/// "service CPU 14.2 µs/add", or n/a when the service's CPU could not be read.
+fn service_cpu(us: Option<f64>) -> String {
+    match us {
+        Some(us) => format!("service CPU {us:.1} µs/add"),
+        None => "service CPU n/a (external service)".into(),
+    }
+}
 
-/// Scenario 2's row (throughput, latency, Redis CPU per item) and notes.
-pub fn add(runner: &mut Runner, name: &str, r: &Ingest, unpipelined: Option<f64>) {
+/// Scenario 2's row (throughput, latency, Redis CPU per item: a reference
+/// figure), its service-CPU-per-add row, and its notes.
+pub fn add(runner: &mut Runner, name: &str, r: &Ingest) {
     let per_sec = r.stats.per_sec();
-    let (ratio, verdict) = versus(per_sec, unpipelined, ADD_SHARE);
-    let target = unpipelined.map(|u| u * ADD_SHARE);
-    bar(runner, "2. unary Add, one item/call", per_sec, target);
+    bar(runner, "2. unary Add, one item/call", per_sec);
     runner.rows.push(Row::new(
         name,
         format!(
@@ -365,17 +327,86 @@ pub fn add(runner: &mut Runner, name: &str, r: &Ingest, unpipelined: Option<f64>
             load::ms(&r.stats.latency, 0.99),
             redis_cpu(r)
         ),
-        format!("≥ {ADD_SHARE}× unpipelined ceiling"),
-        ratio,
-        verdict,
+        "reference",
+        "",
+        Verdict::Info,
     ));
+    let target = format!("≤ {ADD_SERVICE_US:.0} µs");
+    runner.rows.push(match r.service_us_per_item() {
+        Some(us) => Row::new(
+            "2b. service CPU per add, unary Add",
+            format!("{us:.1} µs"),
+            target,
+            "",
+            Verdict::of(us <= ADD_SERVICE_US),
+        ),
+        None => Row::new(
+            "2b. service CPU per add, unary Add",
+            "n/a (external service)",
+            target,
+            "",
+            Verdict::Info,
+        ),
+    });
     runner.notes.push(format!(
-        "2. Add: {} adds in {:.0} s; CPU {}; {}{}.",
+        "2. Add: {} adds in {:.0} s; CPU {}; {}; {}{}.",
         r.stats.added,
         r.stats.window.as_secs_f64(),
         r.cpu,
         redis_cpu(r),
+        service_cpu(r.service_us_per_item()),
         r.stats.error_note()
+    ));
+}
+
+/// Scenario 12's row (adds per call, throughput and latency at each level:
+/// reference figures) and its notes.
+pub fn adds_per_call(runner: &mut Runner, name: &str, r: &AddsPerCall) {
+    let each =
+        |f: &dyn Fn(&Level) -> String| r.levels.iter().map(f).collect::<Vec<_>>().join(" / ");
+    let idle = r.idle_per_sec;
+    runner.rows.push(Row::new(
+        name,
+        format!(
+            "adds per call {}; {} adds/s; p50 {} ms, p99 {} ms",
+            each(&|l| l
+                .adds_per_call(idle)
+                .map_or("n/a".into(), |x| format!("{x:.1}"))),
+            each(&|l| format!("{:.0}", l.stats.per_sec())),
+            each(&|l| format!("{:.2}", load::ms(&l.stats.latency, 0.5))),
+            each(&|l| format!("{:.2}", load::ms(&l.stats.latency, 0.99))),
+        ),
+        "reference",
+        "",
+        Verdict::Info,
+    ));
+    let levels: Vec<String> = (r.levels.iter())
+        .map(|l| {
+            format!(
+                "{} caller{} over {} connection{}: {} adds in {:.0} s, {} FCALLs, {:.0} of them \
+                 the add path's; CPU {}; {}; {}{}",
+                l.callers,
+                if l.callers == 1 { "" } else { "s" },
+                l.connections,
+                if l.connections == 1 { "" } else { "s" },
+                l.stats.added,
+                l.stats.window.as_secs_f64(),
+                l.fcalls,
+                l.add_calls(idle),
+                l.cpu,
+                us_per_add(&l.cpu, "redis", &l.stats).map_or("Redis CPU n/a".into(), |us| format!(
+                    "Redis CPU {us:.1} µs/item"
+                )),
+                service_cpu(us_per_add(&l.cpu, "service", &l.stats)),
+                l.stats.error_note()
+            )
+        })
+        .collect();
+    runner.notes.push(format!(
+        "12. Adds per call: with the service idle, {idle:.0} FCALLs/s (the sweepers' due \
+         scans, over {:.1} s), taken off each level's FCALLs over its window. {}.",
+        r.idle.as_secs_f64(),
+        levels.join(". ")
     ));
 }
 

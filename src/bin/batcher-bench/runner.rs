@@ -5,13 +5,12 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use super::ceiling::{self, Ceiling};
 use super::ingest::Ingest;
 use super::report::{Row, Verdict};
 use super::scenarios::{Sizes, Target};
 use super::service::Env;
 use super::{
-    charts, cluster, cluster_report, fanout, ingest, load, overload, policies, precision,
+    calls, charts, cluster, cluster_report, fanout, ingest, overload, policies, precision,
     remembered, reports, scale,
 };
 
@@ -83,20 +82,16 @@ impl Runner {
     }
 }
 
-/// Runs the ceiling (when wanted) and every scenario --only lets through.
+/// Runs every scenario --only lets through.
 pub async fn run_all(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &str, quick: bool) {
-    let ceiling = run_ceiling(runner, env, run, quick).await;
-    let unpipelined = ceiling.as_ref().map(|c| c.unpipelined.ops_per_sec);
-    let pipelined = ceiling.as_ref().map(|c| c.pipelined.ops_per_sec);
-
-    let single = run_add_many(runner, env, sizes, run, pipelined).await;
+    let single = run_add_many(runner, env, sizes, run).await;
     let name = "2. ingest via unary Add (64 callers)";
     if runner.wants("2")
         && let Some(target) = runner.setup(name, env.fresh(true).await)
     {
         let run = ingest::ingest_add(&target, sizes, run);
         if let Some(r) = runner.attempt(name, Duration::from_secs(120), run).await {
-            reports::add(runner, name, &r, unpipelined);
+            reports::add(runner, name, &r);
         }
     }
     let name = format!(
@@ -117,6 +112,7 @@ pub async fn run_all(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &st
     run_remembered(runner, env, sizes, run).await;
     run_overload(runner, env, sizes, run).await;
     run_policy_cost(runner, env, sizes, run).await;
+    run_adds_per_call(runner, env, sizes, run, quick).await;
     env.service = None;
     run_cluster(runner, env, sizes, run, single.as_ref()).await;
 }
@@ -127,7 +123,6 @@ async fn run_add_many(
     env: &mut Env,
     sizes: &Sizes,
     run: &str,
-    pipelined: Option<f64>,
 ) -> Option<Ingest> {
     let name = "1. ingest via AddMany (100 items/call, 10k keys)";
     if !runner.wants("1") {
@@ -138,7 +133,7 @@ async fn run_add_many(
     let r = runner
         .attempt(name, Duration::from_secs(120), future)
         .await?;
-    reports::add_many(runner, name, &r, pipelined);
+    reports::add_many(runner, name, &r);
     Some(r)
 }
 
@@ -170,27 +165,6 @@ async fn run_cluster(
         let prefix = &env.config.redis.prefix;
         cluster_report::report(runner, name, &r, single, &keyspace, prefix);
     }
-}
-
-/// The ceiling, when wanted: redis-benchmark on the bench's Redis, with the
-/// ingest scenarios' policy and dedup window.
-async fn run_ceiling(runner: &mut Runner, env: &Env, run: &str, quick: bool) -> Option<Ceiling> {
-    if !runner.wants("ceiling") {
-        return None;
-    }
-    let script_args = ceiling::ScriptArgs {
-        policy: env.config.policies().resolve(&load::key("am", run, 0)),
-        dedup: env.config.dedup.window,
-    };
-    let seconds = if quick { 1.5 } else { 5.0 };
-    let redis_pid = env.redis.as_ref().map(|r| r.pid());
-    let future = ceiling::run(&env.redis_url, redis_pid, &script_args, seconds, run);
-    let limit = Duration::from_secs(120);
-    let ceiling = runner
-        .attempt("ceiling (redis-benchmark)", limit, future)
-        .await?;
-    reports::ceiling(runner, &ceiling);
-    Some(ceiling)
 }
 
 /// Scenario 4; returns the service's peak RSS while streaming.
@@ -301,4 +275,30 @@ async fn run_policy_cost(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run:
         }
     }
     reports::policy_cost(runner, name, &cost);
+}
+
+/// Scenario 12, on an emptied Redis: unary Add at 1, 8 and 64 callers, and
+/// the adds each call of the add path carried. The idle rate of FCALLs is
+/// measured for 2 s (quick: 0.5 s) first.
+async fn run_adds_per_call(
+    runner: &mut Runner,
+    env: &mut Env,
+    sizes: &Sizes,
+    run: &str,
+    quick: bool,
+) {
+    let callers: Vec<String> = calls::CALLERS.iter().map(usize::to_string).collect();
+    let name = format!("12. unary Add at {} callers", callers.join("/"));
+    if runner.wants("12")
+        && let Some(target) = runner.setup(&name, env.fresh(true).await)
+    {
+        let idle = Duration::from_millis(if quick { 500 } else { 2000 });
+        let future = calls::adds_per_call(&target, sizes, run, idle);
+        if let Some(r) = runner
+            .attempt(&name, Duration::from_secs(120), future)
+            .await
+        {
+            reports::adds_per_call(runner, &name, &r);
+        }
+    }
 }

@@ -3,7 +3,7 @@
 //! of a full or quick run, and the few Redis reads the figures need. The
 //! scenarios themselves are `ingest.rs` (1, 2), `precision.rs` (3),
 //! `fanout.rs` (4), `scale.rs` (5 to 7), `remembered.rs` (8),
-//! `overload.rs` (10) and `policies.rs` (11); the bin's
+//! `overload.rs` (10), `policies.rs` (11) and `calls.rs` (12); the bin's
 //! module doc says how each figure is computed.
 
 use std::net::SocketAddr;
@@ -145,9 +145,17 @@ pub async fn redis_version(url: &str) -> String {
     }
 }
 
-/// Calls and total microseconds of EVALSHA so far, from INFO commandstats.
+/// Calls and total microseconds of the library's functions so far (`FCALL`,
+/// from INFO commandstats): adds and removes, and the sweepers' due scans.
 pub async fn script_stats(url: &str) -> Result<(u64, u64), String> {
-    let Some(line) = info_field(url, "commandstats", "cmdstat_evalsha").await? else {
+    command_stats(url, "fcall").await
+}
+
+/// Calls and total microseconds of `command` (lower case) so far, from INFO
+/// commandstats; zeros when Redis has not run it yet.
+pub async fn command_stats(url: &str, command: &str) -> Result<(u64, u64), String> {
+    let field_name = format!("cmdstat_{command}");
+    let Some(line) = info_field(url, "commandstats", &field_name).await? else {
         return Ok((0, 0));
     };
     let field = |name: &str| {

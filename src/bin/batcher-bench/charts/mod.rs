@@ -4,8 +4,8 @@
 //!
 //! The scenarios' reports fill a [`Data`]; [`write_all`] draws every chart it
 //! has data for into one directory and returns the links. Layout: this file
-//! (the data, the files, the shared style and arithmetic), `bars.rs` (ingest
-//! against the ceilings), `latency.rs` (timeout lateness, flush to subscriber)
+//! (the data, the files, the shared style and arithmetic), `bars.rs` (the
+//! ingest scenarios' throughput), `latency.rs` (timeout lateness, flush to subscriber)
 //! and `scale.rs` (p99 Add latency against open groups).
 
 mod bars;
@@ -24,7 +24,7 @@ type Drawn = Result<(), Box<dyn Error>>;
 /// Everything the charts are drawn from, filled in as the scenarios report.
 #[derive(Default)]
 pub struct Data {
-    /// The ceilings and the ingest scenarios' throughput, in the order they ran.
+    /// The ingest scenarios' throughput, in the order they ran.
     pub throughput: Vec<Bar>,
     /// Scenario 3's lateness (µs, whole milliseconds) and its targets.
     pub lateness: Option<Lateness>,
@@ -34,14 +34,10 @@ pub struct Data {
     pub scale: Option<ScalePoints>,
 }
 
-/// One bar of the throughput chart.
+/// One bar of the throughput chart: a scenario and its items/s.
 pub struct Bar {
     pub label: String,
     pub per_sec: f64,
-    /// The items/s the scenario's target asks for, if it has one.
-    pub target: Option<f64>,
-    /// A ceiling measured on raw Redis, drawn apart from the service's bars.
-    pub ceiling: bool,
 }
 
 /// Scenario 3's lateness histogram and targets.
@@ -79,7 +75,7 @@ pub fn write_all(data: &Data, dir: &Path) -> Result<Vec<Link>, String> {
         Ok::<_, String>(())
     };
     if !data.throughput.is_empty() {
-        let title = "Ingest throughput against the raw Redis/Lua ceilings";
+        let title = "Ingest throughput through the service";
         draw(title, "throughput.svg", &|p| {
             bars::throughput(p, &data.throughput)
         })?;
@@ -117,10 +113,9 @@ pub fn markdown(links: &[Link], dir: &str) -> String {
 /// The width and height of every chart, in pixels.
 const WIDTH: u32 = 960;
 const HEIGHT: u32 = 540;
-/// Series colours: the service, a second series, a reference, a target.
+/// Series colours: the service, a second series, a target.
 const SERVICE: RGBColor = RGBColor(31, 119, 180);
 const SECOND: RGBColor = RGBColor(255, 127, 14);
-const REFERENCE: RGBColor = RGBColor(150, 150, 150);
 const TARGET: RGBColor = RGBColor(214, 39, 40);
 
 fn caption_style() -> TextStyle<'static> {
@@ -220,19 +215,14 @@ mod tests {
     }
 
     fn sample() -> Data {
-        let bar = |label: &str, per_sec, target, ceiling| Bar {
+        let bar = |label: &str, per_sec| Bar {
             label: label.into(),
             per_sec,
-            target,
-            ceiling,
         };
         // 1000 samples resolve percentiles down to 99.9%.
         let deliveries: Vec<u64> = (1..=1000).map(|i| 500 + 4 * i).collect();
         Data {
-            throughput: vec![
-                bar("ceiling: EVALSHA, -P 16", 120_000.0, None, true),
-                bar("1. AddMany", 90_000.0, Some(120_000.0), false),
-            ],
+            throughput: vec![bar("1. AddMany", 90_000.0), bar("2. unary Add", 15_000.0)],
             lateness: Some(Lateness {
                 histogram: histogram(&[1, 1000, 1000, 2000, 7000]),
                 p99_target_ms: 5.0,
@@ -256,7 +246,7 @@ mod tests {
         let expected = [
             (
                 "throughput.svg",
-                ["1. AddMany", "ceiling", "items per second"],
+                ["1. AddMany", "2. unary Add", "items per second"],
             ),
             ("lateness.svg", ["p99 target", "max target", "lateness"]),
             ("delivery.svg", ["p99 target", "latency (ms)", "99.9%"]),

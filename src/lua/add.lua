@@ -1,0 +1,409 @@
+-- add: adds items to the open groups of one shard. A group is flushed in
+-- this same atomic step when an item completes it (max_items, max_bytes, a
+-- capacity reached, close), and before an item when the item would not fit
+-- its capacity or the group's cutoff has passed.
+--
+-- KEYS[1]: the shard's due set   KEYS[2]: its batch stream
+-- KEYS[3]: its recently-flushed set   KEYS[4]: its requeued set
+--   (batch_id ':' item_id, scored by the batch's stream time)
+-- KEYS[4 + g]: the hash of group g, g = 1..G
+-- ARGV[1]: the dedup window (ms)
+-- ARGV[2]: P, then P policies, packed (see policy_of)
+-- then G, then per group: its key and its policy's number (1..P)
+-- then per item 4: its group's number, followed by 'c' to close the group
+--   after it and 'q' batch_id for an item requeued from that batch; its
+--   id; its payload; '' or its ext, packed for its policy's capacity
+-- Returns: {earliest due time this call set (ms) or 0, then per item:
+--   outcome (1 added, 2 duplicate), its group's size after, the batches it
+--   wrote or false}, a batch being {stream_id, reason, opened, flushed, n,
+--   items, x, names}
+--
+-- The work is per group: one ZMSCORE checks every id of the call against
+-- the flushed set, one HMGET per group reads its counters and which of the
+-- call's ids it holds, and one HSET writes its new items and counters.
+-- Items added and flushed in one call never reach the group's hash.
+
+-- The state of the call in progress, per group g and per item i: arrays
+-- that stay loaded with the library, each entry written before it is read
+-- in a call, so that a call allocates no table per group or item.
+local A, FIRST -- the call's ARGV, and where its items start in it
+local key, hash, policy, prefix, opened = {}, {}, {}, {}, {}
+local seq, size, bytes, last, due, why = {}, {}, {}, {}, {}, {}
+local sums, sums_valid, rules, rules_read, exists, stored = {}, {}, {}, {}, {}, {}
+local added, due_dirty, rules_dirty = {}, {}, {}
+local first_arrival, last_arrival, first_pending, last_pending = {}, {}, {}, {}
+local group_of, close, requeue_of, member, flushed_until = {}, {}, {}, {}, {}
+local next_arrival, next_pending, item_seq, held = {}, {}, {}, {}
+local fields, values_of_item, out = {}, {}, {}
+
+local function arg_of(i, k) -- k: 1 id, 2 payload, 3 ext
+  return A[FIRST + 4 * i - 4 + k]
+end
+
+local function start_group(g, h, k, p)
+  key[g], hash[g], policy[g], prefix[g] = k, h, p, flushed_prefix(k)
+  first_arrival[g], last_arrival[g], first_pending[g], last_pending[g] = false, false, false, false
+  seq[g], size[g], bytes[g], last[g], due[g], why[g] = 0, 0, 0, 0, 0, false
+  rules[g], rules_read[g], exists[g], stored[g], opened[g] = false, false, false, 0, false
+  added[g], due_dirty[g], rules_dirty[g], sums_valid[g] = false, false, false, false
+  sums[g] = sums[g] or {}
+end
+
+-- Each item's group, flags and flushed-set member, and the chain of each
+-- group's arrivals in order.
+local function arrivals(n, flushed)
+  for i = 1, n do
+    local garg = A[FIRST + 4 * i - 4]
+    local g = num(garg)
+    close[i], requeue_of[i] = false, false
+    if not g then
+      local digits, flags = string.match(garg, '^(%d+)(.*)$')
+      g = num(digits)
+      if byte(flags, 1) == 99 then close[i], flags = true, sub(flags, 2) end -- 'c'
+      if byte(flags, 1) == 113 then requeue_of[i] = sub(flags, 2) end -- 'q'
+    end
+    group_of[i], next_arrival[i], member[i] = g, false, prefix[g] .. arg_of(i, 1)
+    if last_arrival[g] then next_arrival[last_arrival[g]] = i else first_arrival[g] = i end
+    last_arrival[g] = i
+  end
+  for i = 1, n, CHUNK do
+    local to = math.min(i + CHUNK - 1, n)
+    local scores = call('ZMSCORE', flushed, unpack(member, i, to))
+    for j = 1, to - i + 1 do flushed_until[i + j - 1] = scores[j] end
+  end
+end
+
+-- Group g's rules (false: none), read from its hash when first needed.
+local function rules_of(g)
+  if not rules_read[g] then
+    local x = exists[g] and call('HGET', hash[g], FIELD.rules)
+    rules[g], rules_read[g] = x and read_rules(x) or false, true
+  end
+  return rules[g]
+end
+
+-- Sums group g's items anew for its policy's capacity, writing their
+-- exts anew when the group's measures (dictionary `dict`) are not the
+-- capacity's (a reload renamed them).
+local function resum(g, dict)
+  local p = policy[g]
+  local _, list = load_group(hash[g])
+  sum_items(list, dict, p.dictionary, sums[g])
+  sums_valid[g] = true
+  if dict == p.dictionary then return end
+  local writes = { FIELD.names, p.dictionary }
+  for j = 1, list.n do
+    if list.ext[j] ~= '' then
+      writes[#writes + 1], writes[#writes + 2] = ITEM .. list.id[j],
+        item_value(list.ext[j], list.seq[j], list.payload[j])
+    end
+  end
+  chunked('HSET', hash[g], writes)
+end
+
+-- Reads group g: its counters, its rules when its policy has any, and
+-- which of the call's ids it holds (held[i]).
+local function read_group(g)
+  local p = policy[g]
+  fields[1], fields[2], fields[3] = FIELD.state, FIELD.names, FIELD.rules
+  local base = p.plain and (p.k > 0 and 2 or 1) or 3
+  local count, i = base, first_arrival[g]
+  while i do
+    count = count + 1
+    fields[count] = ITEM .. arg_of(i, 1)
+    i = next_arrival[i]
+  end
+  local got = call('HMGET', hash[g], unpack(fields, 1, math.min(count, CHUNK)))
+  for from = CHUNK + 1, count, CHUNK do
+    local more = call('HMGET', hash[g], unpack(fields, from, math.min(from + CHUNK - 1, count)))
+    for j = 1, #more do got[from + j - 1] = more[j] end
+  end
+  i = first_arrival[g]
+  for j = base + 1, count do
+    held[i] = got[j]
+    i = next_arrival[i]
+  end
+  if not got[1] then return end
+  local dict = base > 1 and got[2] or ''
+  exists[g], rules_read[g] = true, base == 3
+  if base == 3 and got[3] then rules[g] = read_rules(got[3]) end
+  seq[g], size[g], bytes[g], last[g], due[g], sums_valid[g] =
+    read_state(got[1], dict == p.dictionary and p.k or 0, sums[g])
+  stored[g] = size[g]
+  if p.k > 0 and not sums_valid[g] then resum(g, dict) end
+end
+
+local function set_due(g, t, reason)
+  due[g], why[g], due_dirty[g] = t, reason, true
+end
+
+-- Recomputes group g's due time after an arrival at `now`, and records it
+-- when it comes earlier (a deadline, a hold that ended) or is new: a due
+-- time that only moved later (max_idle) stays, an early wake-up at which
+-- the flush finds the real due time and re-arms.
+local function rearm(g, now)
+  local r = rules_of(g)
+  if r then
+    local t, reason = due_of(r, now, size[g], policy[g].min_items, now)
+    if due[g] == 0 or t < due[g] then set_due(g, t, reason) end
+  end
+end
+
+-- Group g's rules, made from its plain due time if it has none.
+local function ensure_rules(g)
+  local r = rules_of(g)
+  if not r then
+    local o = tonumber(opened[g] or call('HGET', hash[g], FIELD.opened))
+    r = { max_wait = due[g] - o, max_idle = 0, cutoff = 0, lead = 0, max_age = 0, deadline = 0, opened = o }
+    rules[g], rules_dirty[g] = r, true
+  end
+  return r
+end
+
+-- Opens group g at `now`, with its policy's rules.
+local function open_group(g, now, now_s)
+  local p = policy[g]
+  opened[g], rules_read[g] = now_s, true
+  for j = 1, p.k do sums[g][j] = 0 end
+  sums_valid[g] = p.k > 0
+  if p.plain then
+    rules[g] = false
+    set_due(g, now + p.max_wait, REASON.TIMEOUT)
+    return
+  end
+  local c = p.cutoff
+  if c > 0 and c <= now then c = p.next_cutoff end
+  rules[g] = { max_wait = p.max_wait, max_idle = p.max_idle, cutoff = c, lead = p.lead,
+    max_age = p.max_age, deadline = 0, opened = now }
+  rules_dirty[g], due[g] = true, 0
+end
+
+-- An item's deadline (0: none) and its values of its policy's k capacity
+-- measures (a table reused for every item; false: none), from its ext.
+local function item_values(ext, k)
+  if ext == '' then return 0, false end
+  if byte(ext, 2) ~= k + 1 then return (unpack_struct('<d', ext, 3)), false end
+  if k == 2 then
+    local deadline, a, b = unpack_struct('<ddd', ext, 3)
+    values_of_item[1], values_of_item[2] = a, b
+    return deadline, values_of_item
+  end
+  local all = { unpack_struct(doubles(k + 1), ext, 3) }
+  for j = 1, k do values_of_item[j] = all[1 + j] end
+  return all[1], k > 0 and values_of_item
+end
+
+-- Adds an item's values to group g's sums. Returns 'over', adding
+-- nothing, when they would take a sum past its limit (unless `force`),
+-- true when a sum reaches its limit with them, else false.
+local function fill(g, v, force)
+  local limits, s, k = policy[g].limits, sums[g], policy[g].k
+  if not force then
+    for j = 1, k do
+      if s[j] + (v and v[j] or 0) > limits[j] then return 'over' end
+    end
+  end
+  if not v then return false end
+  local full = false
+  for j = 1, k do
+    local t = s[j] + v[j]
+    s[j] = t
+    if t >= limits[j] then full = true end
+  end
+  return full
+end
+
+-- Keeps list's items from `from` on open in group g, as they were, after a
+-- SIZE flush cut the group by a max_items a reload lowered: they go back
+-- to its hash (which the flush deleted), with their counters, sums and
+-- earliest deadline anew.
+local function keep_rest(g, list, from, o, dict, now)
+  local p = policy[g]
+  local rest, writes = item_list(), { FIELD.opened, o }
+  for j = from, list.n do
+    push_item(rest, list.id[j], list.payload[j], list.ext[j], list.seq[j])
+    writes[#writes + 1], writes[#writes + 2] = ITEM .. list.id[j],
+      item_value(list.ext[j], list.seq[j], list.payload[j])
+    size[g], bytes[g] = size[g] + 1, bytes[g] + #list.payload[j]
+  end
+  if dict ~= '' then writes[#writes + 1], writes[#writes + 2] = FIELD.names, dict end
+  chunked('HSET', hash[g], writes)
+  local earliest = sum_items(rest, dict, dict, sums[g])
+  sums_valid[g] = p.k > 0 and dict == p.dictionary
+  stored[g], exists[g], opened[g] = rest.n, true, o
+  local r = rules_of(g)
+  if r then
+    r.deadline, rules_dirty[g], due[g] = earliest, true, 0
+    rearm(g, now)
+  end
+end
+
+-- Flushes everything group g holds, its hash's items and then the call's
+-- pending ones, cut into batches of at most max_items, appended to
+-- `batches` (a new list if false). A SIZE flush writes full batches only
+-- and keeps the rest open (more than one batch, and a rest, only when a
+-- reload lowered max_items while the group was open).
+local function flush_open(ctx, g, reason, batches)
+  local list, o, dict = item_list(), opened[g], policy[g].dictionary
+  if stored[g] > 0 then
+    local meta
+    meta, list = load_group(hash[g])
+    o, dict = meta[FIELD.opened], meta[FIELD.names] or ''
+    if not rules_read[g] then
+      rules[g], rules_read[g] = meta[FIELD.rules] and read_rules(meta[FIELD.rules]) or false, true
+    end
+    call('DEL', hash[g])
+    stored[g] = 0
+  end
+  local i = first_pending[g]
+  while i do
+    push_item(list, arg_of(i, 1), arg_of(i, 2), arg_of(i, 3), item_seq[i])
+    i = next_pending[i]
+  end
+  local p, size_cut = policy[g], reason == REASON.SIZE
+  batches = batches or {}
+  local from = cut(ctx, key[g], reason, o, list, p.max_items, size_cut, dict, batches)
+  first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
+  if from <= list.n then keep_rest(g, list, from, o, dict, ctx.now) end
+  return batches
+end
+
+-- Appends item i to group g's pending chain and counts it.
+local function append(g, i)
+  if last_pending[g] then next_pending[last_pending[g]] = i else first_pending[g] = i end
+  last_pending[g], next_pending[i] = i, false
+  size[g], bytes[g] = size[g] + 1, bytes[g] + #arg_of(i, 2)
+end
+
+-- Whether item i is a duplicate: its id is open in its group or came
+-- earlier in the call (`seen`), or it is in its dedup window; a requeued
+-- id skips the window once per (batch, item).
+local function duplicate(ctx, i, seen, requeued)
+  local id, requeue = arg_of(i, 1), requeue_of[i]
+  if held[i] or (seen and seen[id]) then return true end
+  if requeue then
+    if call('ZSCORE', requeued, requeue .. ':' .. id) then return true end
+    call('ZADD', requeued, string.match(requeue, '^%d+%-(%d+)%-'), requeue .. ':' .. id)
+    return false
+  end
+  local until_ms = flushed_until[i]
+  return until_ms and tonumber(until_ms) > ctx.now
+end
+
+-- Makes room for item i in group g: flushes the group first when its
+-- cutoff has passed or the item would take it past its capacity, and
+-- opens it when empty. Returns the batches written and whether the item
+-- fills the capacity.
+local function make_room(ctx, g, v)
+  local batches, full, p = false, false, policy[g]
+  if size[g] > 0 and due[g] <= ctx.now then
+    local r = rules_of(g)
+    if r and r.cutoff > 0 and r.cutoff <= ctx.now then batches = flush_open(ctx, g, REASON.CUTOFF, batches) end
+  end
+  if size[g] > 0 and p.k > 0 then
+    full = fill(g, v, false)
+    if full == 'over' then batches, full = flush_open(ctx, g, REASON.CAPACITY, batches), false end
+  end
+  if size[g] == 0 then
+    open_group(g, ctx.now, ctx.now_s)
+    if p.k > 0 then full = fill(g, v, true) end
+  end
+  return batches, full
+end
+
+-- Why group g flushes after item i came in, or false.
+local function completed(g, i, full)
+  local p = policy[g]
+  if size[g] >= p.max_items then return REASON.SIZE end
+  if p.max_bytes > 0 and bytes[g] >= p.max_bytes then return REASON.BYTES end
+  if full then return REASON.CAPACITY end
+  if close[i] then return REASON.CLOSED end
+  return false
+end
+
+-- Takes item i into group g, and writes its reply.
+local function take(ctx, g, i, seen, requeued)
+  if duplicate(ctx, i, seen, requeued) then
+    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, size[g], false
+    return
+  end
+  if seen then seen[arg_of(i, 1)] = true end
+  local p = policy[g]
+  local deadline, v = item_values(arg_of(i, 3), p.k)
+  local batches, full = make_room(ctx, g, v)
+  seq[g], last[g], added[g] = seq[g] + 1, ctx.now, true
+  item_seq[i] = seq[g]
+  append(g, i)
+  local moved = due[g] == 0 or size[g] == p.min_items
+  if deadline > 0 then
+    local r = ensure_rules(g)
+    if r.deadline == 0 or deadline < r.deadline then r.deadline, rules_dirty[g], moved = deadline, true, true end
+  end
+  if moved then rearm(g, ctx.now) end
+  local reason = completed(g, i, full)
+  if reason then batches = flush_open(ctx, g, reason, batches) end
+  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, size[g], batches
+end
+
+-- Writes group g back: its pending items and counters in one HSET (with
+-- its opening fields when its hash is new), or nothing of an emptied
+-- group. Collects its due-set change.
+local function write_group(g, due_set, due_gone)
+  if size[g] == 0 then
+    if exists[g] then due_gone[#due_gone + 1] = key[g] end
+    return
+  end
+  if not added[g] then return end
+  local p = policy[g]
+  local k = sums_valid[g] and p.k or 0
+  local writes = { FIELD.state, state(seq[g], size[g], bytes[g], last[g], due[g], k, sums[g]) }
+  if stored[g] == 0 then
+    writes[3], writes[4] = FIELD.opened, opened[g]
+    if p.k > 0 then writes[5], writes[6] = FIELD.names, p.dictionary end
+  end
+  if rules[g] and (stored[g] == 0 or rules_dirty[g]) then
+    writes[#writes + 1], writes[#writes + 2] = FIELD.rules, rules_field(rules[g])
+  end
+  local i = first_pending[g]
+  while i do
+    writes[#writes + 1], writes[#writes + 2] = ITEM .. arg_of(i, 1),
+      item_value(arg_of(i, 3), item_seq[i], arg_of(i, 2))
+    i = next_pending[i]
+  end
+  chunked('HSET', hash[g], writes)
+  if due_dirty[g] then
+    due_set[#due_set + 1], due_set[#due_set + 2] = due[g], key[g]
+  end
+end
+
+local function add(keys, args)
+  local now = now_ms()
+  local ctx = context(keys[1], keys[2], keys[3], num(args[1]), now)
+  local np = num(args[2])
+  local ng = num(args[3 + np])
+  A, FIRST = args, 4 + np + 2 * ng
+  local n = (#args - FIRST + 1) / 4
+  for g = 1, ng do
+    local at = 2 + np + 2 * g
+    start_group(g, keys[4 + g], args[at], policy_of(args[2 + num(args[at + 1])]))
+  end
+  arrivals(n, ctx.flushed)
+  local due_set, due_gone, earliest = {}, {}, 0
+  for g = 1, ng do
+    read_group(g)
+    local i = first_arrival[g]
+    local seen = next_arrival[i] and {} or nil
+    while i do
+      take(ctx, g, i, seen, keys[4])
+      i = next_arrival[i]
+    end
+    write_group(g, due_set, due_gone)
+    if due_dirty[g] and size[g] > 0 and (earliest == 0 or due[g] < earliest) then earliest = due[g] end
+  end
+  if #due_set > 0 then chunked('ZADD', ctx.due, due_set) end
+  if #due_gone > 0 then chunked('ZREM', ctx.due, due_gone) end
+  finish(ctx)
+  out[1], out[3 * n + 2] = earliest, nil
+  A = nil
+  return out
+end

@@ -1,0 +1,186 @@
+-- The group layout, format 2: the only description of it. Every function
+-- that reads or writes a group's hash is in this library, and reads its
+-- fields by the names below.
+--
+-- One hash per open group, under its shard's hash tag, with the fields:
+--   o        opened at (ms, Redis clock), as text
+--   s        the counters, struct '<ddddd' .. 'd' * k: the last arrival's
+--            sequence number, the item count, the payload bytes, the last
+--            arrival (ms), the due time (ms), then the sums of the k
+--            capacity measures that m names, in m's order (no sums: they
+--            are summed again from the items when a capacity needs them)
+--   x        the due rules besides max_wait (absent for a group whose due
+--            time is opened + max_wait), struct '<ddddddd': max_wait,
+--            max_idle, the cutoff, deadline_lead, max_age, the earliest
+--            item deadline, opened (all ms, 0 = none)
+--   m        the capacity measures that the items' packed values and the
+--            sums follow, joined by ';' (absent: none)
+--   ':' id   an item: its ext, its sequence number, ',' and its payload
+-- An item's ext is '' or, packed by the service: '+', a byte 1 + k, then
+-- 1 + k little-endian doubles (its deadline in ms or 0, then its value of
+-- each measure m names, -0 for none; k is 0 or m's count), then as text
+-- its other measures ('m' name '=' value) and its requeue count ('r' n),
+-- joined by ';', then '|'. The values of a group's s, x and its usual
+-- items stay within Redis's compact (listpack) hash encoding: a 32-byte
+-- parcel with two measures is a 62-byte value.
+--
+-- A batch in the shard stream has the fields key, reason, opened, flushed,
+-- n and items: the concatenation, in arrival order, of #id ':' id
+-- #payload ':' payload for each item; and when one of its items has an
+-- ext, x: #ext ':' ext for each item, and names: its group's m.
+
+local call, tonumber, unpack, format = redis.call, tonumber, unpack, string.format
+local find, sub, byte, char, rep, gmatch = string.find, string.sub, string.byte, string.char, string.rep, string.gmatch
+local pack, unpack_struct = struct.pack, struct.unpack
+
+local FIELD = { opened = 'o', state = 's', rules = 'x', names = 'm' }
+local ITEM = ':'
+
+-- Most arguments one command gets from a list.
+local CHUNK = 1000
+
+-- -0: a packed measure value that the item does not have.
+local NONE = -1 / math.huge
+
+local function now_ms()
+  local t = call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A memo of f over short strings or small numbers, emptied when it holds
+-- `limit` entries: the library stays loaded, so memos outlive a call.
+local function memo(f, limit)
+  local cache, count = {}, 0
+  return function(x)
+    local v = cache[x]
+    if v == nil then
+      v = f(x)
+      if count >= limit then cache, count = {}, 0 end
+      cache[x], count = v, count + 1
+    end
+    return v
+  end
+end
+
+-- Decimal text of a count, and the number a decimal text holds (tonumber
+-- goes through strtod, sprintf through the C library: a lookup is cheaper).
+local dec = memo(function(n) return format('%d', n) end, 4096)
+local num = memo(tonumber, 4096)
+
+-- 'd' repeated: the struct layout of count doubles.
+local doubles = memo(function(count) return '<' .. rep('d', count) end, 128)
+
+-- Calls `cmd key ...list` in chunks of CHUNK.
+local function chunked(cmd, key, list)
+  for i = 1, #list, CHUNK do
+    call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
+  end
+end
+
+-- A group's counters from its s, and into `sums` its k sums when s holds
+-- them (the last value returned says whether it does).
+local function read_state(s, k, sums)
+  if k > 0 and #s == 40 + 8 * k then
+    if k == 2 then
+      local seq, size, bytes, last, due, a, b = unpack_struct('<ddddddd', s)
+      sums[1], sums[2] = a, b
+      return seq, size, bytes, last, due, true
+    end
+    local all = { unpack_struct(doubles(5 + k), s) }
+    for j = 1, k do sums[j] = all[5 + j] end
+    return all[1], all[2], all[3], all[4], all[5], true
+  end
+  local seq, size, bytes, last, due = unpack_struct('<ddddd', s)
+  return seq, size, bytes, last, due, false
+end
+
+-- A group's s, with the first k of `sums`.
+local function state(seq, size, bytes, last, due, k, sums)
+  if k == 0 then return pack('<ddddd', seq, size, bytes, last, due) end
+  if k == 2 then return pack('<ddddddd', seq, size, bytes, last, due, sums[1], sums[2]) end
+  return pack(doubles(5 + k), seq, size, bytes, last, due, unpack(sums, 1, k))
+end
+
+-- A group's due rules, from its x.
+local function read_rules(x)
+  local w, i, c, lead, a, e, o = unpack_struct('<ddddddd', x)
+  return { max_wait = w, max_idle = i, cutoff = c, lead = lead, max_age = a, deadline = e, opened = o }
+end
+
+local function rules_field(r)
+  return pack('<ddddddd', r.max_wait, r.max_idle, r.cutoff, r.lead, r.max_age, r.deadline, r.opened)
+end
+
+-- An item's hash value, and back: its sequence number, ext and payload.
+local function item_value(ext, seq, payload)
+  return ext .. dec(seq) .. ',' .. payload
+end
+
+local function split_item(v)
+  local from, ext = 1, ''
+  if byte(v, 1) == 43 then -- '+'
+    from = find(v, '|', 3 + 8 * byte(v, 2), true) + 1
+    ext = sub(v, 1, from - 1)
+  end
+  local comma = find(v, ',', from, true)
+  return num(sub(v, from, comma - 1)), ext, sub(v, comma + 1)
+end
+
+-- The names of a dictionary ('a;b'), as a list.
+local names_of = memo(function(dictionary)
+  local names = {}
+  for name in gmatch(dictionary, '[^;]+') do names[#names + 1] = name end
+  return names
+end, 256)
+
+-- A packed ext's deadline (0: none), its measures by name (values that
+-- follow `names`, and those in its text) and the rest of its text.
+local function decode_ext(ext, names)
+  local k = byte(ext, 2) - 1
+  local values = { unpack_struct(doubles(k + 1), ext, 3) }
+  local measures, rest = {}, {}
+  for j = 1, k do
+    local v = values[1 + j]
+    if not (v == 0 and 1 / v < 0) then measures[names[j]] = v end
+  end
+  for field in gmatch(sub(ext, 3 + 8 * (k + 1), -2), '[^;]+') do
+    local name, v = string.match(field, '^m([^=]+)=(%d+)$')
+    if name then measures[name] = tonumber(v) else rest[#rest + 1] = field end
+  end
+  return values[1], measures, rest
+end
+
+-- A packed ext whose values follow `names` (see decode_ext).
+local function encode_ext(deadline, measures, names, rest)
+  local values, text, named = {}, {}, {}
+  for j = 1, #names do
+    values[j], named[names[j]] = measures[names[j]] or NONE, true
+  end
+  for name, v in pairs(measures) do
+    if not named[name] then text[#text + 1] = format('m%s=%d', name, v) end
+  end
+  table.sort(text)
+  for j = 1, #rest do text[#text + 1] = rest[j] end
+  return '+' .. char(#names + 1) .. pack(doubles(#names + 1), deadline, unpack(values, 1, #names))
+    .. table.concat(text, ';') .. '|'
+end
+
+-- A policy as the service packs it (struct '<dddddddddd' of max_items,
+-- max_bytes (0 = none), min_items (0 = none), max_wait, max_idle, the next
+-- cutoff and the one after it, deadline_lead, max_age (ms, 0 = none) and k;
+-- then k doubles, the capacity's limits; then its k measure names joined
+-- by ';'), parsed once and remembered while the library stays loaded.
+local policy_of = memo(function(blob)
+  local max_items, max_bytes, min_items, max_wait, idle, c1, c2, lead, age, k, at =
+    unpack_struct('<dddddddddd', blob)
+  local limits = {}
+  if k > 0 then
+    limits = { unpack_struct(doubles(k), blob, at) }
+    limits[k + 1] = nil
+  end
+  local dictionary = sub(blob, at + 8 * k)
+  return { max_items = max_items, max_bytes = max_bytes, min_items = min_items,
+    max_wait = max_wait, max_idle = idle, cutoff = c1, next_cutoff = c2, lead = lead,
+    max_age = age, k = k, limits = limits, dictionary = dictionary, names = names_of(dictionary),
+    plain = idle == 0 and c1 == 0 and lead == 0 and age == 0 }
+end, 256)
