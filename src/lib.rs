@@ -9,7 +9,8 @@
 //!   reads, and the cutoff clock (local departure times in a time zone).
 //! - `keys`: Redis key names, shards and hash tags (spread over the cluster
 //!   slots); the only place that formats them.
-//! - `scripts`: the Lua scripts, one per atomic operation.
+//! - `scripts`: the Lua: the library of Redis Functions that alone knows a
+//!   group's layout (format 2), and the durable subscriptions' three scripts.
 //! - `batch`: items, batches and groups, the domain types, and the table of flush reasons.
 //! - `store`: every script call and every Redis read and write, on one Redis or
 //!   a Redis Cluster (with `WAIT` for replicas when asked), including the

@@ -28,22 +28,21 @@
 -- in a call, so that a call allocates no table per group or item.
 local A, FIRST -- the call's ARGV, and where its items start in it
 local key, hash, policy, prefix, opened = {}, {}, {}, {}, {}
-local seq, size, bytes, last, due, why = {}, {}, {}, {}, {}, {}
+local seq, size, bytes, last, due = {}, {}, {}, {}, {}
 local sums, sums_valid, rules, rules_read, exists, stored = {}, {}, {}, {}, {}, {}
 local added, due_dirty, rules_dirty = {}, {}, {}
 local first_arrival, last_arrival, first_pending, last_pending = {}, {}, {}, {}
-local group_of, close, requeue_of, member, flushed_until = {}, {}, {}, {}, {}
-local next_arrival, next_pending, item_seq, held = {}, {}, {}, {}
+local close, requeue_of, member, flushed_until = {}, {}, {}, {}
+local next_arrival, next_pending, item_seq, held, field_of = {}, {}, {}, {}, {}
 local fields, values_of_item, out = {}, {}, {}
-
-local function arg_of(i, k) -- k: 1 id, 2 payload, 3 ext
-  return A[FIRST + 4 * i - 4 + k]
-end
+-- The due set's changes of the call, written once after the last group:
+-- (due, key) pairs to add, and keys to remove, with their counts.
+local due_set, due_gone, due_set_n, due_gone_n = {}, {}, 0, 0
 
 local function start_group(g, h, k, p)
   key[g], hash[g], policy[g], prefix[g] = k, h, p, flushed_prefix(k)
   first_arrival[g], last_arrival[g], first_pending[g], last_pending[g] = false, false, false, false
-  seq[g], size[g], bytes[g], last[g], due[g], why[g] = 0, 0, 0, 0, 0, false
+  seq[g], size[g], bytes[g], last[g], due[g] = 0, 0, 0, 0, 0
   rules[g], rules_read[g], exists[g], stored[g], opened[g] = false, false, false, 0, false
   added[g], due_dirty[g], rules_dirty[g], sums_valid[g] = false, false, false, false
   sums[g] = sums[g] or {}
@@ -62,9 +61,13 @@ local function arrivals(n, flushed)
       if byte(flags, 1) == 99 then close[i], flags = true, sub(flags, 2) end -- 'c'
       if byte(flags, 1) == 113 then requeue_of[i] = sub(flags, 2) end -- 'q'
     end
-    group_of[i], next_arrival[i], member[i] = g, false, prefix[g] .. arg_of(i, 1)
+    next_arrival[i], member[i] = false, prefix[g] .. A[FIRST + 4 * i - 3]
     if last_arrival[g] then next_arrival[last_arrival[g]] = i else first_arrival[g] = i end
     last_arrival[g] = i
+  end
+  if n <= CHUNK then
+    flushed_until = call('ZMSCORE', flushed, unpack(member, 1, n))
+    return
   end
   for i = 1, n, CHUNK do
     local to = math.min(i + CHUNK - 1, n)
@@ -73,11 +76,16 @@ local function arrivals(n, flushed)
   end
 end
 
--- Group g's rules (false: none), read from its hash when first needed.
+-- Group g's due time when it is not known here: only the due set holds it.
+local UNKNOWN = math.huge
+
+-- Group g's rules (false: none), read from its hash when first needed,
+-- and with them its due time.
 local function rules_of(g)
   if not rules_read[g] then
     local x = exists[g] and call('HGET', hash[g], FIELD.rules)
     rules[g], rules_read[g] = x and read_rules(x) or false, true
+    if rules[g] and due[g] == UNKNOWN then due[g] = rules[g].due end
   end
   return rules[g]
 end
@@ -110,7 +118,8 @@ local function read_group(g)
   local count, i = base, first_arrival[g]
   while i do
     count = count + 1
-    fields[count] = ITEM .. arg_of(i, 1)
+    local field = ITEM .. A[FIRST + 4 * i - 3]
+    fields[count], field_of[i] = field, field
     i = next_arrival[i]
   end
   local got = call('HMGET', hash[g], unpack(fields, 1, math.min(count, CHUNK)))
@@ -126,15 +135,21 @@ local function read_group(g)
   if not got[1] then return end
   local dict = base > 1 and got[2] or ''
   exists[g], rules_read[g] = true, base == 3
-  if base == 3 and got[3] then rules[g] = read_rules(got[3]) end
-  seq[g], size[g], bytes[g], last[g], due[g], sums_valid[g] =
+  due[g] = UNKNOWN
+  if base == 3 and got[3] then
+    rules[g] = read_rules(got[3])
+    due[g] = rules[g].due
+  end
+  seq[g], size[g], bytes[g], last[g], sums_valid[g] =
     read_state(got[1], dict == p.dictionary and p.k or 0, sums[g])
   stored[g] = size[g]
   if p.k > 0 and not sums_valid[g] then resum(g, dict) end
 end
 
-local function set_due(g, t, reason)
-  due[g], why[g], due_dirty[g] = t, reason, true
+-- Sets group g's due time: in the due set, and in its rules, if any.
+local function set_due(g, t)
+  due[g], due_dirty[g] = t, true
+  if rules[g] then rules[g].due, rules_dirty[g] = t, true end
 end
 
 -- Recomputes group g's due time after an arrival at `now`, and records it
@@ -145,16 +160,18 @@ local function rearm(g, now)
   local r = rules_of(g)
   if r then
     local t, reason = due_of(r, now, size[g], policy[g].min_items, now)
-    if due[g] == 0 or t < due[g] then set_due(g, t, reason) end
+    if due[g] == 0 or t < due[g] then set_due(g, t) end
   end
 end
 
 -- Group g's rules, made from its plain due time if it has none.
-local function ensure_rules(g)
+local function ensure_rules(g, due_key)
   local r = rules_of(g)
   if not r then
     local o = tonumber(opened[g] or call('HGET', hash[g], FIELD.opened))
-    r = { max_wait = due[g] - o, max_idle = 0, cutoff = 0, lead = 0, max_age = 0, deadline = 0, opened = o }
+    if due[g] == UNKNOWN then due[g] = tonumber(call('ZSCORE', due_key, key[g])) end
+    r = { max_wait = due[g] - o, max_idle = 0, cutoff = 0, lead = 0, max_age = 0, deadline = 0,
+      opened = o, due = due[g] }
     rules[g], rules_dirty[g] = r, true
   end
   return r
@@ -168,13 +185,13 @@ local function open_group(g, now, now_s)
   sums_valid[g] = p.k > 0
   if p.plain then
     rules[g] = false
-    set_due(g, now + p.max_wait, REASON.TIMEOUT)
+    set_due(g, now + p.max_wait)
     return
   end
   local c = p.cutoff
   if c > 0 and c <= now then c = p.next_cutoff end
   rules[g] = { max_wait = p.max_wait, max_idle = p.max_idle, cutoff = c, lead = p.lead,
-    max_age = p.max_age, deadline = 0, opened = now }
+    max_age = p.max_age, deadline = 0, opened = now, due = 0 }
   rules_dirty[g], due[g] = true, 0
 end
 
@@ -257,7 +274,8 @@ local function flush_open(ctx, g, reason, batches)
   end
   local i = first_pending[g]
   while i do
-    push_item(list, arg_of(i, 1), arg_of(i, 2), arg_of(i, 3), item_seq[i])
+    local a = FIRST + 4 * i
+    push_item(list, A[a - 3], A[a - 2], A[a - 1], item_seq[i])
     i = next_pending[i]
   end
   local p, size_cut = policy[g], reason == REASON.SIZE
@@ -272,14 +290,14 @@ end
 local function append(g, i)
   if last_pending[g] then next_pending[last_pending[g]] = i else first_pending[g] = i end
   last_pending[g], next_pending[i] = i, false
-  size[g], bytes[g] = size[g] + 1, bytes[g] + #arg_of(i, 2)
+  size[g], bytes[g] = size[g] + 1, bytes[g] + #A[FIRST + 4 * i - 2]
 end
 
 -- Whether item i is a duplicate: its id is open in its group or came
 -- earlier in the call (`seen`), or it is in its dedup window; a requeued
 -- id skips the window once per (batch, item).
 local function duplicate(ctx, i, seen, requeued)
-  local id, requeue = arg_of(i, 1), requeue_of[i]
+  local id, requeue = A[FIRST + 4 * i - 3], requeue_of[i]
   if held[i] or (seen and seen[id]) then return true end
   if requeue then
     if call('ZSCORE', requeued, requeue .. ':' .. id) then return true end
@@ -305,7 +323,7 @@ local function make_room(ctx, g, v)
     if full == 'over' then batches, full = flush_open(ctx, g, REASON.CAPACITY, batches), false end
   end
   if size[g] == 0 then
-    open_group(g, ctx.now, ctx.now_s)
+    open_group(g, ctx.now, now_text(ctx))
     if p.k > 0 then full = fill(g, v, true) end
   end
   return batches, full
@@ -327,16 +345,17 @@ local function take(ctx, g, i, seen, requeued)
     out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, size[g], false
     return
   end
-  if seen then seen[arg_of(i, 1)] = true end
+  local a = FIRST + 4 * i
+  if seen then seen[A[a - 3]] = true end
   local p = policy[g]
-  local deadline, v = item_values(arg_of(i, 3), p.k)
+  local deadline, v = item_values(A[a - 1], p.k)
   local batches, full = make_room(ctx, g, v)
   seq[g], last[g], added[g] = seq[g] + 1, ctx.now, true
   item_seq[i] = seq[g]
   append(g, i)
   local moved = due[g] == 0 or size[g] == p.min_items
   if deadline > 0 then
-    local r = ensure_rules(g)
+    local r = ensure_rules(g, ctx.due)
     if r.deadline == 0 or deadline < r.deadline then r.deadline, rules_dirty[g], moved = deadline, true, true end
   end
   if moved then rearm(g, ctx.now) end
@@ -348,15 +367,33 @@ end
 -- Writes group g back: its pending items and counters in one HSET (with
 -- its opening fields when its hash is new), or nothing of an emptied
 -- group. Collects its due-set change.
-local function write_group(g, due_set, due_gone)
+local function write_group(g)
   if size[g] == 0 then
-    if exists[g] then due_gone[#due_gone + 1] = key[g] end
+    if exists[g] then
+      due_gone[due_gone_n + 1] = key[g]
+      due_gone_n = due_gone_n + 1
+    end
     return
   end
   if not added[g] then return end
-  local p = policy[g]
-  local k = sums_valid[g] and p.k or 0
-  local writes = { FIELD.state, state(seq[g], size[g], bytes[g], last[g], due[g], k, sums[g]) }
+  if due_dirty[g] then
+    due_set[due_set_n + 1], due_set[due_set_n + 2] = due[g], key[g]
+    due_set_n = due_set_n + 2
+  end
+  local p, i = policy[g], first_pending[g]
+  local s = state(seq[g], size[g], bytes[g], last[g], sums_valid[g] and p.k or 0, sums[g])
+  if i and not next_pending[i] and not rules_dirty[g] and (stored[g] > 0 or p.plain and p.k == 0) then
+    -- The usual write: the counters and one item, without a table for them.
+    local a = FIRST + 4 * i
+    local item = item_value(A[a - 1], item_seq[i], A[a - 2])
+    if stored[g] > 0 then
+      call('HSET', hash[g], FIELD.state, s, field_of[i], item)
+    else
+      call('HSET', hash[g], FIELD.state, s, FIELD.opened, opened[g], field_of[i], item)
+    end
+    return
+  end
+  local writes = { FIELD.state, s }
   if stored[g] == 0 then
     writes[3], writes[4] = FIELD.opened, opened[g]
     if p.k > 0 then writes[5], writes[6] = FIELD.names, p.dictionary end
@@ -364,16 +401,12 @@ local function write_group(g, due_set, due_gone)
   if rules[g] and (stored[g] == 0 or rules_dirty[g]) then
     writes[#writes + 1], writes[#writes + 2] = FIELD.rules, rules_field(rules[g])
   end
-  local i = first_pending[g]
   while i do
-    writes[#writes + 1], writes[#writes + 2] = ITEM .. arg_of(i, 1),
-      item_value(arg_of(i, 3), item_seq[i], arg_of(i, 2))
+    local a = FIRST + 4 * i
+    writes[#writes + 1], writes[#writes + 2] = field_of[i], item_value(A[a - 1], item_seq[i], A[a - 2])
     i = next_pending[i]
   end
   chunked('HSET', hash[g], writes)
-  if due_dirty[g] then
-    due_set[#due_set + 1], due_set[#due_set + 2] = due[g], key[g]
-  end
 end
 
 local function add(keys, args)
@@ -388,7 +421,8 @@ local function add(keys, args)
     start_group(g, keys[4 + g], args[at], policy_of(args[2 + num(args[at + 1])]))
   end
   arrivals(n, ctx.flushed)
-  local due_set, due_gone, earliest = {}, {}, 0
+  local earliest = 0
+  due_set_n, due_gone_n = 0, 0
   for g = 1, ng do
     read_group(g)
     local i = first_arrival[g]
@@ -397,11 +431,11 @@ local function add(keys, args)
       take(ctx, g, i, seen, keys[4])
       i = next_arrival[i]
     end
-    write_group(g, due_set, due_gone)
+    write_group(g)
     if due_dirty[g] and size[g] > 0 and (earliest == 0 or due[g] < earliest) then earliest = due[g] end
   end
-  if #due_set > 0 then chunked('ZADD', ctx.due, due_set) end
-  if #due_gone > 0 then chunked('ZREM', ctx.due, due_gone) end
+  if due_set_n > 0 then chunked('ZADD', ctx.due, due_set, due_set_n) end
+  if due_gone_n > 0 then chunked('ZREM', ctx.due, due_gone, due_gone_n) end
   finish(ctx)
   out[1], out[3 * n + 2] = earliest, nil
   A = nil

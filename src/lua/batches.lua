@@ -62,12 +62,23 @@ local function load_group(gkey)
   return meta, in_order
 end
 
--- What one call shares: the shard's keys, the Redis clock, until when an id
--- flushed now counts as a duplicate, and the flushed set's new members
--- (written once, by finish).
+-- What one call shares: the shard's keys, the Redis clock, the dedup
+-- window, and the flushed set's new members (written once, by finish).
 local function context(due, stream, flushed, dedup_ms, now)
-  return { due = due, stream = stream, flushed = flushed, now = now, now_s = format('%d', now),
-    expire = format('%d', now + dedup_ms), written = 0, recent = {} }
+  return { due = due, stream = stream, flushed = flushed, now = now, dedup = dedup_ms,
+    written = 0, recent = {} }
+end
+
+-- The clock as text, and until when an id flushed now counts as a
+-- duplicate, made when a call first needs them.
+local function now_text(ctx)
+  if not ctx.now_s then ctx.now_s = format('%d', ctx.now) end
+  return ctx.now_s
+end
+
+local function expiry(ctx)
+  if not ctx.expire then ctx.expire = format('%d', ctx.now + ctx.dedup) end
+  return ctx.expire
 end
 
 -- The member that records a flushed item id of a key is this prefix, then the id.
@@ -75,29 +86,39 @@ local function flushed_prefix(key)
   return dec(#key) .. ':' .. key
 end
 
+-- The pieces of a batch's items and exts, joined by table.concat: arrays
+-- that stay loaded with the library, so a batch allocates no table for them.
+local parts, xparts = {}, {}
+
 -- Writes list's items from..to as one batch of `key` to the shard stream.
 -- Returns it as {stream_id, reason, opened, flushed, n, items, x, names}.
 local function write_batch(ctx, key, reason, opened, list, from, to, names)
-  local parts, xparts, members, extras = {}, {}, ctx.recent, false
-  local prefix, expire = flushed_prefix(key), ctx.expire
+  local members, m, j, extras = ctx.recent, #ctx.recent, 0, false
+  local prefix, expire, ids, payloads, exts = flushed_prefix(key), expiry(ctx), list.id, list.payload, list.ext
   for i = from, to do
-    local id, payload, ext = list.id[i], list.payload[i], list.ext[i]
-    parts[#parts + 1] = dec(#id) .. ':' .. id .. dec(#payload) .. ':' .. payload
-    members[#members + 1], members[#members + 2] = expire, prefix .. id
-    xparts[#xparts + 1] = dec(#ext) .. ':' .. ext
-    if ext ~= '' then extras = true end
+    local id, payload = ids[i], payloads[i]
+    parts[j + 1], parts[j + 2], parts[j + 3], parts[j + 4], parts[j + 5], parts[j + 6] =
+      dec(#id), ':', id, dec(#payload), ':', payload
+    members[m + 1], members[m + 2] = expire, prefix .. id
+    j, m = j + 6, m + 2
+    if exts[i] ~= '' then extras = true end
   end
-  local blob, n, x, stream_id = table.concat(parts), dec(to - from + 1), ''
+  local blob, n, x, stream_id, now_s = table.concat(parts, '', 1, j), dec(to - from + 1), '', nil, now_text(ctx)
   if extras then
-    x = table.concat(xparts)
+    j = 0
+    for i = from, to do
+      xparts[j + 1], xparts[j + 2], xparts[j + 3] = dec(#exts[i]), ':', exts[i]
+      j = j + 3
+    end
+    x = table.concat(xparts, '', 1, j)
     stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason, 'opened', opened,
-      'flushed', ctx.now_s, 'n', n, 'items', blob, 'x', x, 'names', names)
+      'flushed', now_s, 'n', n, 'items', blob, 'x', x, 'names', names)
   else
     stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason, 'opened', opened,
-      'flushed', ctx.now_s, 'n', n, 'items', blob)
+      'flushed', now_s, 'n', n, 'items', blob)
   end
   ctx.written = ctx.written + to - from + 1
-  return { stream_id, reason, opened, ctx.now_s, n, blob, x, extras and names or '' }
+  return { stream_id, reason, opened, now_s, n, blob, x, extras and names or '' }
 end
 
 -- Writes list's items oldest first as batches of at most `max` (0: one
@@ -121,7 +142,7 @@ end
 local function finish(ctx)
   if ctx.written == 0 then return end
   chunked('ZADD', ctx.flushed, ctx.recent)
-  local stale = call('ZRANGE', ctx.flushed, '-inf', ctx.now_s, 'BYSCORE', 'LIMIT', 0, 2 * ctx.written + 16)
+  local stale = call('ZRANGE', ctx.flushed, '-inf', now_text(ctx), 'BYSCORE', 'LIMIT', 0, 2 * ctx.written + 16)
   if #stale > 0 then chunked('ZREM', ctx.flushed, stale) end
 end
 

@@ -5,10 +5,12 @@
 local function hold(ctx, gkey, key, min_items)
   local got = call('HMGET', gkey, FIELD.state, FIELD.rules)
   if not (got[1] and got[2]) then return false, REASON.TIMEOUT end
-  local seq, size, bytes, last = read_state(got[1], 0)
-  local next_due, why = due_of(read_rules(got[2]), last, size, min_items, ctx.now)
+  local _, size, _, last = read_state(got[1], 0)
+  local r = read_rules(got[2])
+  local next_due, why = due_of(r, last, size, min_items, ctx.now)
   if next_due <= ctx.now then return false, why end
-  call('HSET', gkey, FIELD.state, pack('<ddddd', seq, size, bytes, last, next_due) .. sub(got[1], 41))
+  r.due = next_due
+  call('HSET', gkey, FIELD.rules, rules_field(r))
   call('ZADD', ctx.due, next_due, key)
   return next_due
 end
@@ -72,7 +74,7 @@ local function remove(keys, args)
   local got = call('HMGET', gkey, ITEM .. args[2], FIELD.state, FIELD.names, FIELD.rules)
   if not got[2] then return { 0, 0 } end
   local names, sums = names_of(got[3] or ''), {}
-  local seq, size, bytes, last, due, summed = read_state(got[2], #names, sums)
+  local seq, size, bytes, last, summed = read_state(got[2], #names, sums)
   if not got[1] then return { 0, size } end
   local _, ext, payload = split_item(got[1])
   call('HDEL', gkey, ITEM .. args[2])
@@ -88,12 +90,11 @@ local function remove(keys, args)
   local r = got[4] and read_rules(got[4])
   if r and deadline > 0 and r.deadline == deadline then
     r.deadline = earliest_deadline(gkey)
-    local why
-    due, why = due_of(r, last, size, tonumber(args[3]), now_ms())
+    r.due = due_of(r, last, size, tonumber(args[3]), now_ms())
     call('HSET', gkey, FIELD.rules, rules_field(r))
-    call('ZADD', due_key, due, key)
+    call('ZADD', due_key, r.due, key)
   end
-  call('HSET', gkey, FIELD.state, state(seq, size, bytes, last, due, summed and #names or 0, sums))
+  call('HSET', gkey, FIELD.state, state(seq, size, bytes, last, summed and #names or 0, sums))
   return { 1, size }
 end
 
@@ -111,11 +112,10 @@ local function group(keys, args)
   local got = call('HMGET', keys[2], FIELD.state, FIELD.opened, FIELD.rules, FIELD.names)
   if not got[1] then return {} end
   local names, sums = names_of(got[4] or ''), {}
-  local _, size, bytes, last, due, summed = read_state(got[1], #names, sums)
+  local _, size, bytes, last, summed = read_state(got[1], #names, sums)
   local opened, reason = tonumber(got[2]), REASON.TIMEOUT
+  local due = tonumber(call('ZSCORE', keys[1], args[1]) or opened)
   local max_wait = due - opened
-  local zdue = call('ZSCORE', keys[1], args[1])
-  if zdue then due = tonumber(zdue) end
   if got[3] then
     local r = read_rules(got[3])
     due, reason = due_of(r, last, size, tonumber(args[2]), now_ms())

@@ -4,15 +4,16 @@
 --
 -- One hash per open group, under its shard's hash tag, with the fields:
 --   o        opened at (ms, Redis clock), as text
---   s        the counters, struct '<ddddd' .. 'd' * k: the last arrival's
+--   s        the counters, struct '<dddd' .. 'd' * k: the last arrival's
 --            sequence number, the item count, the payload bytes, the last
---            arrival (ms), the due time (ms), then the sums of the k
---            capacity measures that m names, in m's order (no sums: they
---            are summed again from the items when a capacity needs them)
+--            arrival (ms), then the sums of the k capacity measures that m
+--            names, in m's order (no sums: they are summed again from the
+--            items when a capacity needs them)
 --   x        the due rules besides max_wait (absent for a group whose due
---            time is opened + max_wait), struct '<ddddddd': max_wait,
---            max_idle, the cutoff, deadline_lead, max_age, the earliest
---            item deadline, opened (all ms, 0 = none)
+--            time is opened + max_wait, which only the due set holds),
+--            struct '<dddddddd': max_wait, max_idle, the cutoff,
+--            deadline_lead, max_age, the earliest item deadline, opened and
+--            the due time the rules gave last (all ms, 0 = none)
 --   m        the capacity measures that the items' packed values and the
 --            sums follow, joined by ';' (absent: none)
 --   ':' id   an item: its ext, its sequence number, ',' and its payload
@@ -70,45 +71,48 @@ local num = memo(tonumber, 4096)
 -- 'd' repeated: the struct layout of count doubles.
 local doubles = memo(function(count) return '<' .. rep('d', count) end, 128)
 
--- Calls `cmd key ...list` in chunks of CHUNK.
-local function chunked(cmd, key, list)
-  for i = 1, #list, CHUNK do
-    call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
+-- Calls `cmd key ...list` (its first `count`, or all) in chunks of CHUNK.
+local function chunked(cmd, key, list, count)
+  count = count or #list
+  for i = 1, count, CHUNK do
+    call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, count)))
   end
 end
 
 -- A group's counters from its s, and into `sums` its k sums when s holds
 -- them (the last value returned says whether it does).
 local function read_state(s, k, sums)
-  if k > 0 and #s == 40 + 8 * k then
+  if k > 0 and #s == 32 + 8 * k then
     if k == 2 then
-      local seq, size, bytes, last, due, a, b = unpack_struct('<ddddddd', s)
+      local seq, size, bytes, last, a, b = unpack_struct('<dddddd', s)
       sums[1], sums[2] = a, b
-      return seq, size, bytes, last, due, true
+      return seq, size, bytes, last, true
     end
-    local all = { unpack_struct(doubles(5 + k), s) }
-    for j = 1, k do sums[j] = all[5 + j] end
-    return all[1], all[2], all[3], all[4], all[5], true
+    local all = { unpack_struct(doubles(4 + k), s) }
+    for j = 1, k do sums[j] = all[4 + j] end
+    return all[1], all[2], all[3], all[4], true
   end
-  local seq, size, bytes, last, due = unpack_struct('<ddddd', s)
-  return seq, size, bytes, last, due, false
+  local seq, size, bytes, last = unpack_struct('<dddd', s)
+  return seq, size, bytes, last, false
 end
 
 -- A group's s, with the first k of `sums`.
-local function state(seq, size, bytes, last, due, k, sums)
-  if k == 0 then return pack('<ddddd', seq, size, bytes, last, due) end
-  if k == 2 then return pack('<ddddddd', seq, size, bytes, last, due, sums[1], sums[2]) end
-  return pack(doubles(5 + k), seq, size, bytes, last, due, unpack(sums, 1, k))
+local function state(seq, size, bytes, last, k, sums)
+  if k == 0 then return pack('<dddd', seq, size, bytes, last) end
+  if k == 2 then return pack('<dddddd', seq, size, bytes, last, sums[1], sums[2]) end
+  return pack(doubles(4 + k), seq, size, bytes, last, unpack(sums, 1, k))
 end
 
 -- A group's due rules, from its x.
 local function read_rules(x)
-  local w, i, c, lead, a, e, o = unpack_struct('<ddddddd', x)
-  return { max_wait = w, max_idle = i, cutoff = c, lead = lead, max_age = a, deadline = e, opened = o }
+  local w, i, c, lead, a, e, o, due = unpack_struct('<dddddddd', x)
+  return { max_wait = w, max_idle = i, cutoff = c, lead = lead, max_age = a, deadline = e,
+    opened = o, due = due }
 end
 
 local function rules_field(r)
-  return pack('<ddddddd', r.max_wait, r.max_idle, r.cutoff, r.lead, r.max_age, r.deadline, r.opened)
+  return pack('<dddddddd', r.max_wait, r.max_idle, r.cutoff, r.lead, r.max_age, r.deadline,
+    r.opened, r.due)
 end
 
 -- An item's hash value, and back: its sequence number, ext and payload.

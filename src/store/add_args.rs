@@ -1,6 +1,6 @@
-//! The add script's arguments, built in one place: the store's shard writers
-//! and the bench's ceiling (which feeds them to `redis-benchmark`) both use
-//! [`AddArgs`], so the two cannot drift apart.
+//! The add function's arguments, built in one place, [`AddArgs`]: the
+//! service validates, resolves and packs before the call (each policy once
+//! per call, as doubles), so the library only reads and writes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! The store: every read and write of batcher's state in Redis.
 //!
-//! Writes go through the Lua scripts in `scripts`, each run by `invoke` with
+//! Writes go through the Lua in `scripts` (the library's functions, and the
+//! durable subscriptions' scripts), each run by `invoke` with
 //! all of its keys in KEYS, and they always share one shard's hash tag. Calls
 //! made together (AddMany across shards, a sweep's flushes) are issued
 //! concurrently on the multiplexed connection, which pipelines them. The only
@@ -15,7 +16,7 @@
 //! - `conn`: connections to one Redis or a cluster, and `invoke` (with `WAIT`).
 //! - `add`: the add path and the per-shard writers, with their bounded
 //!   queues and the call deadline they honour; `add_args` builds the add
-//!   script's arguments (also used by the bench).
+//!   function's arguments.
 //! - `groups`: remove, flush, the due scan, and reading open groups.
 //! - `streams`: stream heads, reads (including blocking tails) and trimming.
 //! - `consumer_groups`: durable subscriptions' reads, claims, acks and dead letters.

@@ -46,6 +46,12 @@
 //!   ZADD when a group opens, HGETALL, XADD, DEL and ZREM when it fills).
 //!   That file is frozen, so the ratios to it compare with earlier runs.
 //!
+//! Each runs on a Redis of its own, [`PARALLEL`] at a time; the whole mode
+//! takes about a minute of CPU (valgrind runs Redis some fifty times
+//! slower), so some 30 to 40 s on two idle cores. The sizes are fixed
+//! constants, small for that reason (halving them moved the per-item
+//! figures by about 1%).
+//!
 //! The figure is instructions per item (and per call). The floor shapes are
 //! printed but never checked. `--write PATH` writes the figures as a
 //! baseline (`bench/instructions.toml`); `--check PATH` compares with one
