@@ -1,13 +1,15 @@
 //! The data format marker: a service refuses, with one line that says what
 //! it found and what to do, to start on a prefix that holds data in another
 //! format, older (unmarked shard keys) or unknown; on an empty prefix it
-//! marks the format it writes.
+//! marks the format it writes. Started while Redis is down, it checks
+//! before its first add, and writes nothing in another format.
 
 mod support;
 
 use batcher::keys::Keyspace;
 use support::redis::RedisServer;
 use support::{Service, add, start_error};
+use tonic::Code;
 
 /// An empty prefix gets the marker; a prefix holding format 1 (shard keys,
 /// no marker) or format 3 refuses the start and is left as it was.
@@ -48,4 +50,45 @@ async fn a_prefix_in_another_format_refuses_to_start() {
         "0",
         "format 1 was marked 2"
     );
+}
+
+/// A service started while Redis is down finds the other format when Redis
+/// comes back: its adds fail FAILED_PRECONDITION naming the format found,
+/// and write nothing.
+#[tokio::test]
+async fn a_service_started_before_redis_checks_before_its_first_add() {
+    let mut redis = RedisServer::start();
+    let marker = Keyspace::new("batcher", 4).format_marker();
+    redis.cli(&["SET", &marker, "3"]);
+    redis.stop();
+    let service = Service::start(support::config(&redis.url(), "")).await;
+    let client = service.client().await;
+    // Serving (past its start) while Redis is down: an add is UNAVAILABLE.
+    let add_now = |id: &'static str| {
+        let mut client = client.clone();
+        async move { client.add(add("k", id, b"p")).await }
+    };
+    support::eventually("the service to serve without Redis", || async {
+        let code = add_now("1").await.err()?.code();
+        (code == Code::Unavailable).then_some(())
+    })
+    .await;
+    redis.restart();
+    let status = support::eventually("an add to meet the restarted Redis", || async {
+        match add_now("1").await {
+            Err(status) if status.code() == Code::Unavailable => None,
+            done => Some(done),
+        }
+    })
+    .await
+    .expect_err("an add into format 3");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("format 3"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(redis.data_keys(), "0", "an add wrote into format 3");
+    assert_eq!(redis.cli(&["GET", &marker]), "3");
+    service.stop().await;
 }

@@ -115,6 +115,8 @@ impl Store {
         items: Vec<NewItem>,
         deadline: Option<Deadline>,
     ) -> Result<AddReport> {
+        // Nothing is written under a prefix that holds another data format.
+        self.check_format().await?;
         // Split the request per shard, keeping each shard's items in order.
         let count = items.len();
         let mut per_shard: HashMap<u16, (Vec<usize>, Vec<NewItem>)> = HashMap::new();

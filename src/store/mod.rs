@@ -147,6 +147,9 @@ pub struct Store {
     policies: PolicyHandle,
     /// One add writer per shard, with its bounded queue (see [`Store::add`]).
     queues: Arc<[ShardQueue]>,
+    /// Set once the prefix's data format was found to be ours: at start, or
+    /// (when Redis was down then) before the first add.
+    format_checked: Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl Store {
@@ -185,6 +188,7 @@ impl Store {
             dedup: dedup_window,
             policies,
             queues,
+            format_checked: Arc::default(),
         })
     }
 
@@ -230,8 +234,18 @@ impl Store {
     /// against [`crate::scripts::FORMAT`], and sets it where the prefix
     /// holds nothing yet. A prefix with shard keys but no marker holds
     /// format 1, which had none. Fails with [`StoreError::WrongFormat`]
-    /// for any other format, older or newer.
+    /// for any other format, older or newer. Once the format was found to be
+    /// ours, later calls answer at once: the service checks at start, or,
+    /// when Redis is down then, before its first add.
     pub async fn check_format(&self) -> Result<()> {
+        self.format_checked
+            .get_or_try_init(|| self.read_format())
+            .await
+            .map(drop)
+    }
+
+    /// [`Store::check_format`], each time it is called.
+    async fn read_format(&self) -> Result<()> {
         let marker = self.keys.format_marker();
         let mut conn = self.conn.clone();
         let mut found: Option<String> = redis::cmd("GET")

@@ -10,7 +10,7 @@
 //! `reports.rs` and `cluster_report.rs` (results to rows and notes),
 //! `report.rs` (the table and BENCHMARKS.md),
 //! `method.rs` (its "How each figure is computed") and `charts/` (its SVG
-//! charts, drawn with plotters), and `instructions.rs` (the
+//! charts, drawn with plotters), and `instructions/` (the
 //! `instructions` subcommand).
 //!
 //! ```sh
@@ -29,7 +29,7 @@
 //! `--check` fails CI when a shape of ours rises more than 3%
 //! above the baseline `bench/instructions.toml` (`--write` regenerates it,
 //! in a commit that says why). It needs valgrind (`scripts/ensure-valgrind`);
-//! see `instructions.rs`.
+//! see `instructions/`.
 //!
 //! The report links four SVG charts, written to a directory next to it:
 //! `bench/` beside BENCHMARKS.md in a full run, `target/bench-quick/` with
