@@ -1,5 +1,5 @@
 //! The add path: [`Store::add`] splits a request per shard and hands each
-//! part to that shard's writer, which runs the add script for whatever parts
+//! part to that shard's writer, which runs the add function for whatever parts
 //! queued up meanwhile in one call.
 //!
 //! Each shard's queue is bounded in items (`[limits] max_queued_adds`): a
@@ -100,8 +100,8 @@ impl Store {
     /// reaches its threshold is flushed by the add that completes it.
     ///
     /// Each shard's part goes to that shard's writer, which runs it in one
-    /// add script, together with whatever other requests queued up for the
-    /// shard meanwhile: under load, many small requests share one script call.
+    /// add function call, together with whatever other requests queued up for the
+    /// shard meanwhile: under load, many small requests share one call.
     pub async fn add(&self, items: Vec<NewItem>) -> Result<AddReport> {
         self.add_within(items, None).await
     }
@@ -162,13 +162,15 @@ impl Store {
         }
         let results = results
             .into_iter()
-            .map(|r| r.ok_or_else(|| DecodeError("add_items returned too few results".into())))
+            .map(|r| {
+                r.ok_or_else(|| DecodeError("the add function returned too few results".into()))
+            })
             .collect::<std::result::Result<_, _>>()?;
         Ok(AddReport { results, opened })
     }
 }
 
-/// Most items one merged add script call takes, so no call holds Redis for
+/// Most items one merged add call takes, so no call holds Redis for
 /// long; a single request's shard part is never split, whatever its size.
 const MERGE_LIMIT: usize = 1000;
 
@@ -242,7 +244,7 @@ fn writer_gone() -> StoreError {
     )))
 }
 
-/// Runs the add script for one shard, one call at a time. While a call is in
+/// Runs the add function for one shard, one call at a time. While a call is in
 /// flight, new jobs queue up; the next call takes all of them (up to
 /// `MERGE_LIMIT` items), so the batching costs no latency when idle and
 /// grows with load. Each job's items stay contiguous and in order, so a
@@ -299,7 +301,7 @@ impl AddWriter {
         }
     }
 
-    /// One add script call for `items`, all of this shard, in order. The
+    /// One add function call for `items`, all of this shard, in order. The
     /// batches it flushed are recorded in the metrics.
     async fn call(&self, items: &[&NewItem]) -> Result<ShardReply> {
         let mut args = AddArgs::new(&self.keys, self.shard, self.dedup);
@@ -323,7 +325,7 @@ impl AddWriter {
         )
         .await?;
         if reply.items.len() != items.len() {
-            return Err(DecodeError("add_items result count".into()).into());
+            return Err(DecodeError("the add function's result count".into()).into());
         }
         let results = reply
             .items
