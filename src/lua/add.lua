@@ -109,13 +109,26 @@ local function resum(g, dict)
   chunked('HSET', hash[g], writes)
 end
 
--- Reads group g: its counters, its rules when its policy has any, and
--- which of the call's ids it holds (held[i]).
-local function read_group(g)
-  local p = policy[g]
+-- Group g's fields (s, then m and x as its policy needs them) and the
+-- call's ids in it (held[i]), in one HMGET; with one arrival, the usual
+-- case, without building a list of fields.
+local function hmget_group(g, base)
+  local i = first_arrival[g]
+  if not next_arrival[i] then
+    local field, got = ITEM .. A[FIRST + 4 * i - 3], false
+    field_of[i] = field
+    if base == 1 then
+      got = call('HMGET', hash[g], FIELD.state, field)
+    elseif base == 2 then
+      got = call('HMGET', hash[g], FIELD.state, FIELD.names, field)
+    else
+      got = call('HMGET', hash[g], FIELD.state, FIELD.names, FIELD.rules, field)
+    end
+    held[i] = got[base + 1]
+    return got
+  end
   fields[1], fields[2], fields[3] = FIELD.state, FIELD.names, FIELD.rules
-  local base = p.plain and (p.k > 0 and 2 or 1) or 3
-  local count, i = base, first_arrival[g]
+  local count = base
   while i do
     count = count + 1
     local field = ITEM .. A[FIRST + 4 * i - 3]
@@ -132,6 +145,15 @@ local function read_group(g)
     held[i] = got[j]
     i = next_arrival[i]
   end
+  return got
+end
+
+-- Reads group g: its counters, its rules when its policy has any, and
+-- which of the call's ids it holds (held[i]).
+local function read_group(g)
+  local p = policy[g]
+  local base = p.plain and (p.k > 0 and 2 or 1) or 3
+  local got = hmget_group(g, base)
   if not got[1] then return end
   local dict = base > 1 and got[2] or ''
   exists[g], rules_read[g] = true, base == 3
@@ -286,13 +308,6 @@ local function flush_open(ctx, g, reason, batches)
   return batches
 end
 
--- Appends item i to group g's pending chain and counts it.
-local function append(g, i)
-  if last_pending[g] then next_pending[last_pending[g]] = i else first_pending[g] = i end
-  last_pending[g], next_pending[i] = i, false
-  size[g], bytes[g] = size[g] + 1, bytes[g] + #A[FIRST + 4 * i - 2]
-end
-
 -- Whether item i is a duplicate: its id is open in its group or came
 -- earlier in the call (`seen`), or it is in its dedup window; a requeued
 -- id skips the window once per (batch, item).
@@ -329,37 +344,39 @@ local function make_room(ctx, g, v)
   return batches, full
 end
 
--- Why group g flushes after item i came in, or false.
-local function completed(g, i, full)
-  local p = policy[g]
-  if size[g] >= p.max_items then return REASON.SIZE end
-  if p.max_bytes > 0 and bytes[g] >= p.max_bytes then return REASON.BYTES end
-  if full then return REASON.CAPACITY end
-  if close[i] then return REASON.CLOSED end
-  return false
-end
-
--- Takes item i into group g, and writes its reply.
+-- Takes item i into group g, and writes its reply: a duplicate, or an
+-- item appended to the group's pending chain, which may complete it.
 local function take(ctx, g, i, seen, requeued)
   if duplicate(ctx, i, seen, requeued) then
     out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, size[g], false
     return
   end
-  local a = FIRST + 4 * i
+  local a, p = FIRST + 4 * i, policy[g]
   if seen then seen[A[a - 3]] = true end
-  local p = policy[g]
   local deadline, v = item_values(A[a - 1], p.k)
-  local batches, full = make_room(ctx, g, v)
-  seq[g], last[g], added[g] = seq[g] + 1, ctx.now, true
+  local batches, full = false, false
+  if size[g] == 0 or p.k > 0 or due[g] <= ctx.now then batches, full = make_room(ctx, g, v) end
+  local n = size[g] + 1
+  seq[g], last[g], added[g], size[g], bytes[g] = seq[g] + 1, ctx.now, true, n, bytes[g] + #A[a - 2]
   item_seq[i] = seq[g]
-  append(g, i)
-  local moved = due[g] == 0 or size[g] == p.min_items
+  if last_pending[g] then next_pending[last_pending[g]] = i else first_pending[g] = i end
+  last_pending[g], next_pending[i] = i, false
+  local moved = due[g] == 0 or n == p.min_items
   if deadline > 0 then
     local r = ensure_rules(g, ctx.due)
     if r.deadline == 0 or deadline < r.deadline then r.deadline, rules_dirty[g], moved = deadline, true, true end
   end
   if moved then rearm(g, ctx.now) end
-  local reason = completed(g, i, full)
+  local reason = false
+  if n >= p.max_items then
+    reason = REASON.SIZE
+  elseif p.max_bytes > 0 and bytes[g] >= p.max_bytes then
+    reason = REASON.BYTES
+  elseif full then
+    reason = REASON.CAPACITY
+  elseif close[i] then
+    reason = REASON.CLOSED
+  end
   if reason then batches = flush_open(ctx, g, reason, batches) end
   out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, size[g], batches
 end
