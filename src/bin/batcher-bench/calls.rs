@@ -15,11 +15,10 @@
 
 use std::time::Duration;
 
-use batcher::pb;
 use tokio::task::JoinHandle;
 
-use super::ingest::INGEST_KEYS;
-use super::load::{Done, LoadStats, Rng, add_request, closed_loop, connect_many, id, key};
+use super::ingest::{INGEST_KEYS, unary_add};
+use super::load::{LoadStats, Rng, add_request, closed_loop, connect_many, id, key};
 use super::procs::CpuUse;
 use super::scenarios::{Sizes, Target, command_stats};
 
@@ -102,24 +101,13 @@ async fn level(
     let fcalls = fcalls_during(t.redis_url.clone(), s.warmup, s.window);
     let run = run.to_string();
     let stats = closed_loop(callers, s.warmup, s.window, move |caller, seq| {
-        let mut client = clients[caller % connections].clone();
+        let client = clients[caller % connections].clone();
         let mut rng = Rng::new(((caller as u64) << 40) ^ seq);
         let request = add_request(
             key("ac", &run, rng.below(INGEST_KEYS)),
             id(&run, n * 1000 + caller, seq),
         );
-        async move {
-            let response = client
-                .add(request)
-                .await
-                .map_err(|s| format!("Add: {}", s.message()))?
-                .into_inner();
-            let ok = u64::from(response.outcome == pb::AddOutcome::Added as i32);
-            Ok(Done {
-                added: ok,
-                duplicates: 1 - ok,
-            })
-        }
+        unary_add(client, request)
     })
     .await?;
     let cpu = cpu.await.unwrap_or_default();

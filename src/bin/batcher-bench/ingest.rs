@@ -159,24 +159,13 @@ pub async fn ingest_add(t: &Target, s: &Sizes, run: &str) -> Result<Ingest, Stri
     let cpu = t.cpu_during(s.warmup, s.window);
     let run = run.to_string();
     let stats = closed_loop(CALLERS, s.warmup, s.window, move |caller, seq| {
-        let mut client = clients[caller % CONNECTIONS].clone();
+        let client = clients[caller % CONNECTIONS].clone();
         let mut rng = Rng::new(((caller as u64) << 40) ^ seq);
         let request = add_request(
             key("ad", &run, rng.below(INGEST_KEYS)),
             id(&run, caller, seq),
         );
-        async move {
-            let response = client
-                .add(request)
-                .await
-                .map_err(|s| format!("Add: {}", s.message()))?
-                .into_inner();
-            let ok = u64::from(response.outcome == pb::AddOutcome::Added as i32);
-            Ok(Done {
-                added: ok,
-                duplicates: 1 - ok,
-            })
-        }
+        unary_add(client, request)
     })
     .await?;
     let cpu = cpu.await.unwrap_or_default();
@@ -184,5 +173,22 @@ pub async fn ingest_add(t: &Target, s: &Sizes, run: &str) -> Result<Ingest, Stri
         stats,
         cpu,
         flushes: Vec::new(),
+    })
+}
+
+/// One unary Add, counted as added or duplicate.
+pub async fn unary_add(
+    mut client: pb::batcher_client::BatcherClient<tonic::transport::Channel>,
+    request: pb::AddRequest,
+) -> Result<Done, String> {
+    let response = client
+        .add(request)
+        .await
+        .map_err(|s| format!("Add: {}", s.message()))?
+        .into_inner();
+    let ok = u64::from(response.outcome == pb::AddOutcome::Added as i32);
+    Ok(Done {
+        added: ok,
+        duplicates: 1 - ok,
     })
 }
