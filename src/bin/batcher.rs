@@ -38,6 +38,11 @@ enum Command {
     Client(Box<batcher::cli::Command>),
 }
 
+/// mimalloc: the service allocates and frees small buffers on every call,
+/// where glibc's malloc costs about a seventh of its CPU.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let (path, listen, http_listen) = match Args::parse().command {

@@ -7,6 +7,7 @@
 //! scenario (`ingest.rs`, `precision.rs`, `fanout.rs`, `scale.rs`,
 //! `remembered.rs`, `overload.rs`, `policies.rs`, `cluster.rs`, `calls.rs`) over `scenarios.rs` (what they share) and
 //! `load.rs` (load generation), `procs.rs` (child processes, CPU and RSS),
+//! `floor_serve.rs` (the frozen service floor of row 2c),
 //! `reports.rs` and `cluster_report.rs` (results to rows and notes),
 //! `report.rs` (the table and BENCHMARKS.md),
 //! `method.rs` (its "How each figure is computed") and `charts/` (its SVG
@@ -181,6 +182,7 @@ mod charts;
 mod cluster;
 mod cluster_report;
 mod fanout;
+mod floor_serve;
 mod ingest;
 mod instructions;
 mod load;
@@ -211,7 +213,9 @@ use scenarios::Sizes;
 use service::Env;
 
 #[derive(Parser)]
-#[command(about = "Benchmarks batcher against its own Lua script on raw Redis")]
+#[command(
+    about = "Benchmarks batcher through its gRPC API, beside yardsticks its code cannot move"
+)]
 struct Args {
     /// Smoke run: small sizes and short windows (CI runs this).
     #[arg(long)]
@@ -249,15 +253,27 @@ enum Command {
         #[arg(long)]
         config_toml: String,
     },
+    /// Runs the frozen service floor (row 2c; see floor_serve.rs).
+    #[command(name = "__floor_serve", hide = true)]
+    FloorServe {
+        #[arg(long)]
+        redis_url: String,
+    },
     /// Counts the Redis instructions per added item under callgrind, and
     /// writes or checks the baseline (bench/instructions.toml).
     Instructions(instructions::Opts),
 }
 
+/// mimalloc: the service allocates and frees small buffers on every call,
+/// where glibc's malloc costs about a seventh of its CPU.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let mut args = Args::parse();
     match args.command.take() {
         Some(Command::Serve { config_toml }) => return serve(&config_toml),
+        Some(Command::FloorServe { redis_url }) => return floor_serve(&redis_url),
         Some(Command::Instructions(opts)) => return instructions::main(opts),
         None => {}
     }
@@ -295,6 +311,18 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// The hidden `__floor_serve` subcommand: the frozen service floor.
+fn floor_serve(redis_url: &str) -> ExitCode {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match runtime.block_on(floor_serve::serve(redis_url)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("batcher-bench __floor_serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The hidden `__serve` subcommand: the service under test, printing

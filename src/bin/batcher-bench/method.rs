@@ -16,7 +16,13 @@ pub const METHOD: &str = "\
 - **2. Add**: 64 callers, 8 connections, one item per call over 10k keys; adds per second and \
   call latency p50/p99. Reference, no target. **2b**: the service's user+system CPU time over \
   the window (`/proc/<pid>/stat`, so only with the bench's own service) / the adds completed \
-  in it; target ≤ 20 µs.
+  in it; target ≤ 20 µs. **2c**: the same load, on the same Redis emptied again, against the \
+  frozen service floor (`batcher-bench __floor_serve`, `floor_serve.rs`): tonic's default \
+  server and prost's codec serving Add alone, each call one `EVALSHA` of \
+  `bench/floor/floor.lua` on one multiplexed redis-rs connection, with no layers, validation, \
+  batching or metrics. Figure: 2b over the floor's CPU per add, with both rates; it shows how \
+  much of 2b is the stack (tokio, HTTP/2, tonic, redis-rs, the kernel's loopback TCP) on this \
+  machine. Reference, no target.
 - **3. Timeout lateness**: one-item groups opened evenly within 5 s under 12 globs with \
   max_wait 5 s, 10 s … 60 s, so due times spread over 60 s (quick: 5k groups, 5 globs, \
   1 s … 5 s); lateness = `flushed_at − (opened_at + max_wait)` on the Redis clock, in whole \

@@ -93,11 +93,19 @@ pub struct ServiceProc {
 impl ServiceProc {
     /// Starts the service with `config_toml` and waits for the address it listens on.
     pub fn start(config_toml: &str) -> Result<ServiceProc, String> {
+        ServiceProc::spawn(&["__serve", "--config-toml", config_toml])
+    }
+
+    /// Starts the frozen service floor (row 2c) on the Redis at `redis_url`.
+    pub fn start_floor(redis_url: &str) -> Result<ServiceProc, String> {
+        ServiceProc::spawn(&["__floor_serve", "--redis-url", redis_url])
+    }
+
+    /// Starts this binary with `args` and waits for the address it reports.
+    fn spawn(args: &[&str]) -> Result<ServiceProc, String> {
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
         let mut cmd = Command::new(exe);
-        cmd.arg("__serve")
-            .arg("--config-toml")
-            .arg(config_toml)
+        cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

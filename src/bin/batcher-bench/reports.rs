@@ -359,6 +359,38 @@ pub fn add(runner: &mut Runner, name: &str, r: &Ingest) {
     ));
 }
 
+/// Row 2c: the service's CPU per add and rate beside the frozen service
+/// floor's under the same load (a ratio to code ours cannot move), and its note.
+pub fn service_floor(runner: &mut Runner, floor: &Ingest, ours: Option<&Ingest>) {
+    let name = "2c. service CPU per add over the frozen service floor's";
+    let floor_us = floor.service_us_per_item();
+    let ours_us = ours.and_then(Ingest::service_us_per_item);
+    let row = match (ours_us, floor_us) {
+        (Some(us), Some(floor_us)) => Row::new(
+            name,
+            format!(
+                "{us:.1} µs vs {floor_us:.1} µs; {:.0} vs {:.0} adds/s",
+                ours.map_or(0.0, |o| o.stats.per_sec()),
+                floor.stats.per_sec()
+            ),
+            "reference",
+            format!("{:.2}×", us / floor_us),
+            Verdict::Info,
+        ),
+        _ => Row::new(name, "n/a", "reference", "", Verdict::Info),
+    };
+    runner.rows.push(row);
+    runner.notes.push(format!(
+        "2c. The frozen service floor under scenario 2's load: {} adds in {:.0} s; CPU {}; {}; {}{}.",
+        floor.stats.added,
+        floor.stats.window.as_secs_f64(),
+        floor.cpu,
+        redis_cpu(floor),
+        service_cpu(floor_us),
+        floor.stats.error_note()
+    ));
+}
+
 /// Scenario 12's row (adds per call, throughput and latency at each level:
 /// reference figures) and its notes.
 pub fn adds_per_call(runner: &mut Runner, name: &str, r: &AddsPerCall) {

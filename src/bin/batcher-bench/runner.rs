@@ -85,15 +85,7 @@ impl Runner {
 /// Runs every scenario --only lets through.
 pub async fn run_all(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &str, quick: bool) {
     let single = run_add_many(runner, env, sizes, run).await;
-    let name = "2. ingest via unary Add (64 callers)";
-    if runner.wants("2")
-        && let Some(target) = runner.setup(name, env.fresh(true).await)
-    {
-        let run = ingest::ingest_add(&target, sizes, run);
-        if let Some(r) = runner.attempt(name, Duration::from_secs(120), run).await {
-            reports::add(runner, name, &r);
-        }
-    }
+    run_unary(runner, env, sizes, run).await;
     let name = format!(
         "3. timeout lateness ({}k groups, due over {} s)",
         sizes.precision_groups / 1000,
@@ -115,6 +107,31 @@ pub async fn run_all(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &st
     run_adds_per_call(runner, env, sizes, run, quick).await;
     env.service = None;
     run_cluster(runner, env, sizes, run, single.as_ref()).await;
+}
+
+/// Scenario 2, then the same load on the frozen service floor (row 2c).
+async fn run_unary(runner: &mut Runner, env: &mut Env, sizes: &Sizes, run: &str) {
+    let name = "2. ingest via unary Add (64 callers)";
+    if !runner.wants("2") {
+        return;
+    }
+    let ours = match runner.setup(name, env.fresh(true).await) {
+        Some(target) => {
+            let future = ingest::ingest_add(&target, sizes, run);
+            runner.attempt(name, Duration::from_secs(120), future).await
+        }
+        None => None,
+    };
+    if let Some(r) = &ours {
+        reports::add(runner, name, r);
+    }
+    let name = "2c. the frozen service floor, scenario 2's load";
+    if let Some(target) = runner.setup(name, env.floor().await) {
+        let future = ingest::ingest_add(&target, sizes, run);
+        if let Some(floor) = runner.attempt(name, Duration::from_secs(120), future).await {
+            reports::service_floor(runner, &floor, ours.as_ref());
+        }
+    }
 }
 
 /// Scenario 1; returns its result for scenario 9 to compare with.

@@ -123,19 +123,8 @@ impl Env {
     /// awaited from the main future (it spawns a child).
     pub async fn fresh(&mut self, flush: bool) -> Result<Target, String> {
         self.service = None;
-        if flush && self.redis.is_some() {
-            // FLUSHALL of a million groups takes longer than a connection's
-            // default 500 ms response timeout.
-            let client = redis::Client::open(self.redis_url.as_str()).map_err(|e| e.to_string())?;
-            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(|e| format!("redis: {e}"))?;
-            redis::cmd("FLUSHALL")
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(|e| format!("FLUSHALL: {e}"))?;
+        if flush {
+            self.flush().await?;
         }
         let (addr, service_pid) = match self.external_service {
             Some(addr) => (addr, None),
@@ -154,6 +143,46 @@ impl Env {
             redis_url: self.redis_url.clone(),
             masters: Vec::new(),
         })
+    }
+
+    /// The frozen service floor (row 2c, `floor_serve.rs`) in place of the
+    /// service, over an emptied Redis. Only with the bench's own Redis and
+    /// service, whose CPU it meters.
+    pub async fn floor(&mut self) -> Result<Target, String> {
+        if self.redis.is_none() || self.external_service.is_some() {
+            return Err("needs the bench's own Redis and service".into());
+        }
+        self.service = None;
+        self.flush().await?;
+        let floor = ServiceProc::start_floor(&self.redis_url)?;
+        let target = Target {
+            addr: floor.addr,
+            service_pid: Some(floor.pid()),
+            redis_pid: self.redis.as_ref().map(RedisServer::pid),
+            redis_url: self.redis_url.clone(),
+            masters: Vec::new(),
+        };
+        self.service = Some(floor);
+        Ok(target)
+    }
+
+    /// FLUSHALL of the bench's own Redis; an external one is never flushed.
+    async fn flush(&self) -> Result<(), String> {
+        if self.redis.is_none() {
+            return Ok(());
+        }
+        // FLUSHALL of a million groups takes longer than a connection's
+        // default 500 ms response timeout.
+        let client = redis::Client::open(self.redis_url.as_str()).map_err(|e| e.to_string())?;
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| format!("redis: {e}"))?;
+        redis::cmd("FLUSHALL")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| format!("FLUSHALL: {e}"))
     }
 }
 
