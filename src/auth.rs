@@ -23,7 +23,7 @@ use tonic::server::NamedService;
 use tower_service::Service;
 
 use crate::config::{AuthConfig, Role};
-use crate::service::Error;
+use crate::error::Error;
 use crate::store::Store;
 use crate::subscribers::Filter;
 

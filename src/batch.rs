@@ -249,6 +249,24 @@ pub fn parse_sums(sums: &[u8]) -> Result<BTreeMap<String, u64>, DecodeError> {
         .collect()
 }
 
+/// What an add did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddOutcome {
+    Added,
+    Duplicate,
+}
+
+/// The result of one add.
+#[derive(Clone, Debug)]
+pub struct AddResult {
+    pub outcome: AddOutcome,
+    /// Size of the open group after the add; 0 when it flushed.
+    pub group_size: u32,
+    /// Every batch this add wrote, oldest first: the group it completed,
+    /// and before it the group it flushed because the item did not fit.
+    pub flushed: Vec<Batch>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,9 +22,10 @@
 //! - `subscribers`: live subscriptions (shard tails fanned out to subscribers)
 //!   and durable ones (consumers of a consumer group, each holding at most
 //!   `max_unacked` unacked batches).
-//! - `service`: the gRPC API: handlers (Requeue in its own file), request checks, protobuf conversions,
-//!   one deadline per call, and the mapping of errors to status codes with
-//!   AIP-193 error details.
+//! - `error`: the API's errors and the one mapping of them to gRPC status
+//!   codes with AIP-193 error details (used by `auth` and `service`).
+//! - `service`: the gRPC API: handlers (Requeue in its own file), request
+//!   checks, protobuf conversions and one deadline per call.
 //! - `embedded`: runs and supervises a `redis-server` child when no URL is configured;
 //!   its `launcher` starts every `redis-server` child and local clusters
 //!   (embedded mode, bench, tests).
@@ -32,7 +33,9 @@
 //!   reloaded on SIGHUP.
 //! - `auth`: bearer tokens with roles and key scopes, guarding the Batcher service.
 //! - `metrics`: the Prometheus families, their recorder and recording
-//!   helpers, the gRPC call counter and the gauges refreshed from Redis.
+//!   helpers, and the gRPC call counter; `store` records flushes into it.
+//! - `gauges`: the task that refreshes the gauges read from Redis (through
+//!   `store`, so above it).
 //! - `json`: the protobuf JSON mapping of the API's messages (CLI, web view).
 //! - `http`: the HTTP listener: `GET /metrics`, the live web view at `/`
 //!   (assets compiled in) and its JSON API (groups by page, batches as
@@ -46,6 +49,8 @@ pub mod batch;
 pub mod cli;
 pub mod config;
 pub mod embedded;
+pub mod error;
+pub mod gauges;
 pub mod http;
 pub mod json;
 pub mod keys;

@@ -19,7 +19,7 @@ use crate::service::{BatcherService, Deadlines};
 use crate::store::{Endpoint, Password, RedisTarget, Store, StoreError, Timeouts, WaitReplicas};
 use crate::subscribers::Hub;
 use crate::tls::{self, Tls, TlsError};
-use crate::{metrics, pb, sweeper};
+use crate::{gauges, metrics, pb, sweeper};
 
 /// How often the health service re-checks Redis.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
@@ -139,7 +139,7 @@ async fn serve(
     if let Some(http) = http {
         let routes = crate::http::routes(web_api);
         tracker.spawn(crate::http::serve(http, routes, tasks.clone()));
-        tracker.spawn(metrics::refresh(store, tasks.clone()));
+        tracker.spawn(gauges::refresh(store, tasks.clone()));
     }
     let grace = config.shutdown_grace;
     let served = serve_until(router, listener, edge.tls, &shutdown, &tasks, grace).await;

@@ -468,9 +468,11 @@ impl Config {
         Ok(config)
     }
 
-    /// Checks the rules no field's type expresses (see [`validate`]).
+    /// Checks the rules no field's type expresses (see [`validate`]), then
+    /// those of the guard-rail tables (see [`guard`]).
     pub fn validate(&self) -> Result<(), Violation> {
-        validate::check(self)
+        validate::check(self)?;
+        guard::check(self)
     }
 
     /// The resolved policy table of this configuration: every

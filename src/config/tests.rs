@@ -75,12 +75,15 @@ fn example_parses() {
     assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
 }
 
-/// The README's config block parses, and spells out every default.
+/// The config block of docs/configuration.md parses, and spells out every
+/// default.
 #[test]
-fn readme_example_is_the_defaults() {
-    let readme = include_str!("../../README.md");
-    let start = readme.find("## Config reference").expect("config section");
-    let block = readme[start..]
+fn documented_config_is_the_defaults() {
+    let page = include_str!("../../docs/configuration.md");
+    let start = page
+        .find("## Every field, at its default")
+        .expect("the section of every field");
+    let block = page[start..]
         .split("```toml\n")
         .nth(1)
         .and_then(|rest| rest.split("```").next())

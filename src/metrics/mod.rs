@@ -12,9 +12,9 @@
 //! last (they read the same Redis, so it is the same number).
 //!
 //! - `requests`: the wrapper around the gRPC service that counts and times calls.
-//! - `refresh`: the background task that refreshes the gauges read from Redis.
+//!
+//! The gauges read from Redis are set by `crate::gauges`, above `store`.
 
-mod refresh;
 mod requests;
 
 use std::future::Future;
@@ -26,10 +26,8 @@ use ::metrics::{describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use crate::batch::{Batch, FlushReason};
-use crate::store::{AddOutcome, AddResult};
+use crate::batch::{AddOutcome, AddResult, Batch, FlushReason};
 
-pub use refresh::{REFRESH_EVERY, refresh};
 pub use requests::{Requests, code_name, record_call};
 
 /// Items accepted by adds, by `outcome`: `added` or `duplicate`.

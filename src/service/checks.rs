@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use bytesize::ByteSize;
 
-use super::errors::{Error, invalid};
 use super::{BatcherService, DEFAULT_PAGE_SIZE, MAX_NAME_BYTES, MAX_PAGE_SIZE};
 use crate::batch;
+use crate::error::{Error, invalid};
 use crate::policy::{MAX_MEASURE, Policy};
 use crate::store::DeadLetterPosition;
 

@@ -9,7 +9,7 @@ use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-use super::errors::invalid;
+use crate::error::invalid;
 
 /// prost's codec with [`MessageDecoder`]; `build.rs` names it as the codec
 /// of the generated server and client.
@@ -64,7 +64,7 @@ impl<U: prost::Message + Default> Decoder for MessageDecoder<U> {
 /// Item.id: AddRequest.item: invalid string value: ...`, whose (message,
 /// field) pairs run from the innermost field out: the field path
 /// (`item.id`) and what is wrong with it.
-fn decode_error(text: &str) -> super::errors::Error {
+fn decode_error(text: &str) -> crate::error::Error {
     let rest = text
         .strip_prefix("failed to decode Protobuf message: ")
         .unwrap_or(text);
@@ -93,7 +93,7 @@ fn is_name(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::errors::{Error, Violation};
+    use crate::error::{Error, Violation};
 
     fn violation(text: &str) -> Violation {
         match decode_error(text) {

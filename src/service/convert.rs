@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use crate::batch::{self, FlushReason, Group};
+use crate::batch::{AddOutcome, AddResult};
 use crate::pb;
 use crate::policy::Policy;
-use crate::store::{AddOutcome, AddResult};
 
 pub fn add_response(result: AddResult) -> pb::AddResponse {
     let batches: Vec<pb::Batch> = result

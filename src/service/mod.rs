@@ -1,14 +1,13 @@
 //! The gRPC API: the `batcher.v1.Batcher` handlers. Request validation is
-//! in `checks`, the mapping between protobuf and domain types in `convert`,
-//! and the one place that decides gRPC status codes (with AIP-193 error
-//! details) in `errors`. `deadline` wraps the whole service, giving every
+//! in `checks`, the mapping between protobuf and domain types in `convert`;
+//! the one place that decides gRPC status codes (with AIP-193 error
+//! details) is `crate::error`, below this layer and `auth`. `deadline` wraps the whole service, giving every
 //! call one deadline. `requeue` holds Requeue's body.
 
 mod checks;
 pub mod codec;
 mod convert;
 mod deadline;
-pub mod errors;
 mod requeue;
 
 use std::collections::HashSet;
@@ -28,11 +27,10 @@ use self::checks::{
 pub use self::convert::batch_to_pb;
 use self::convert::{add_response, group_to_pb};
 pub use self::deadline::Deadlines;
-pub use self::errors::Error;
-use self::errors::invalid;
 use crate::auth::Caller;
 use crate::batch::{self, FlushReason, Group};
 use crate::config::{Limits, SubscriptionsConfig};
+use crate::error::{Error, invalid};
 use crate::pb;
 use crate::policy::PolicyHandle;
 use crate::store::{Deadline, NewItem, Store, StoreError};

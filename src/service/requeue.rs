@@ -6,11 +6,12 @@ use std::collections::BTreeSet;
 use tonic::Code;
 
 use super::BatcherService;
-use super::errors::{Error, invalid};
 use crate::auth::Caller;
+use crate::batch::AddOutcome;
 use crate::batch::{self, Batch};
+use crate::error::{Error, invalid};
 use crate::pb;
-use crate::store::{AddOutcome, NewItem};
+use crate::store::NewItem;
 
 impl BatcherService {
     /// Requeues the named items of batch `req.batch_id`: returns how many

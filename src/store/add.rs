@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use super::conn::{Code, Conn, WaitReplicas, invoke};
 use super::decode::AddReply;
 use super::{AddArgs, Result, Store, StoreError};
-use crate::batch::{Batch, DecodeError, Item};
+use crate::batch::{AddResult, Batch, DecodeError, Item};
 use crate::keys::Keyspace;
 use crate::policy::Policy;
 use crate::scripts::Function;
@@ -39,24 +39,6 @@ pub struct NewItem {
     /// For a requeued item: the id of the batch it is requeued from. The
     /// item then bypasses the dedup window, once per (batch, item).
     pub requeue_of: Option<String>,
-}
-
-/// What an add did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AddOutcome {
-    Added,
-    Duplicate,
-}
-
-/// The result of one add.
-#[derive(Clone, Debug)]
-pub struct AddResult {
-    pub outcome: AddOutcome,
-    /// Size of the open group after the add; 0 when it flushed.
-    pub group_size: u32,
-    /// Every batch this add wrote, oldest first: the group it completed,
-    /// and before it the group it flushed because the item did not fit.
-    pub flushed: Vec<Batch>,
 }
 
 /// The results of a set of adds, and the deadlines the adds opened.

@@ -8,10 +8,10 @@ use std::time::Duration;
 use redis::streams;
 use redis::{FromRedisValue, ParsingError, Value, from_redis_value};
 
-use super::add::AddOutcome;
 use super::ext;
-use super::groups::DueScan;
-use crate::batch::{Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items};
+use crate::batch::{
+    AddOutcome, Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items,
+};
 
 impl From<DecodeError> for ParsingError {
     fn from(err: DecodeError) -> ParsingError {
@@ -136,6 +136,19 @@ fn next_part<T: FromRedisValue>(
     what: &str,
 ) -> Result<T, ParsingError> {
     from_redis_value(parts.next().ok_or_else(|| format!("reply lacks {what}"))?)
+}
+
+/// What one sweep step saw in a shard.
+#[derive(Debug)]
+pub struct DueScan {
+    /// Redis's clock at the scan (ms).
+    pub now_ms: u64,
+    /// The earliest due time of a group not yet due.
+    pub next_due_ms: Option<u64>,
+    /// Keys of the groups that are due, soonest first.
+    pub keys: Vec<String>,
+    /// Keys of the groups due at `next_due_ms`.
+    pub next_keys: Vec<String>,
 }
 
 impl FromRedisValue for DueScan {

@@ -4,23 +4,10 @@
 use futures::future::try_join_all;
 
 use super::conn::Code;
-use super::decode::{GroupReply, ScriptBatch};
+use super::decode::{DueScan, GroupReply, ScriptBatch};
 use super::{Result, Store};
 use crate::batch::{Batch, FlushReason, Group};
 use crate::scripts::Function;
-
-/// What one sweep step saw in a shard.
-#[derive(Debug)]
-pub struct DueScan {
-    /// Redis's clock at the scan (ms).
-    pub now_ms: u64,
-    /// The earliest due time of a group not yet due.
-    pub next_due_ms: Option<u64>,
-    /// Keys of the groups that are due, soonest first.
-    pub keys: Vec<String>,
-    /// Keys of the groups due at `next_due_ms`.
-    pub next_keys: Vec<String>,
-}
 
 /// A position in the list of open groups: (due time, key).
 pub type GroupPos = (u64, String);

@@ -44,11 +44,12 @@ use crate::batch::DecodeError;
 use crate::keys::Keyspace;
 use crate::policy::PolicyHandle;
 
-pub use add::{AddOutcome, AddReport, AddResult, Deadline, NewItem};
+pub use add::{AddReport, Deadline, NewItem};
 pub use add_args::AddArgs;
 pub use conn::{Conn, Endpoint, Password, RedisTarget, Timeouts, WaitReplicas};
 pub use consumer_groups::DeadLetterPosition;
-pub use groups::{DueScan, GroupPos};
+pub use decode::DueScan;
+pub use groups::GroupPos;
 pub use stats::ConsumerGroupStats;
 
 use add::{AddWriter, ShardQueue};

@@ -1,8 +1,8 @@
 //! Tests of the logistics fields of the policy tables: `max_idle`,
 //! `capacity`, `cutoffs`, `timezone`, `deadline_lead`, `min_items` and
 //! `max_age`, how a key table merges over `[defaults]`, the rules checked
-//! on each merged table, and the README's logistics and delayed-queue
-//! config examples.
+//! on each merged table, and the logistics and delayed-queue config
+//! examples of docs/policies.md.
 
 use std::sync::Arc;
 
@@ -316,23 +316,23 @@ fn merged_rules() {
     ]);
 }
 
-/// The first ```toml block after the README heading `heading`.
-fn readme_block(heading: &str) -> &'static str {
-    let readme = include_str!("../../../README.md");
-    let start = readme.find(heading).expect("the README section");
-    readme[start..]
+/// The first ```toml block after the heading `heading` of docs/policies.md.
+fn policies_page_block(heading: &str) -> &'static str {
+    let page = include_str!("../../../docs/policies.md");
+    let start = page.find(heading).expect("the section of docs/policies.md");
+    page[start..]
         .split("```toml\n")
         .nth(1)
         .and_then(|rest| rest.split("```").next())
         .expect("a toml block in the section")
 }
 
-/// The README's parcel-to-truck config parses to the policies its worked
-/// example walks through: 24 t and 80 m³ trucks, two departures a day in
-/// Berlin per area, and the plain defaults for other keys.
+/// The parcel-to-truck config of docs/policies.md parses to the policies
+/// its worked example walks through: 24 t and 80 m³ trucks, two departures
+/// a day in Berlin per area, and the plain defaults for other keys.
 #[test]
-fn readme_logistics_example_parses() {
-    let c = parse(readme_block("## Policies for logistics")).unwrap();
+fn documented_logistics_example_parses() {
+    let c = parse(policies_page_block("## Parcels onto trucks")).unwrap();
     let p = c.policies();
     let north = p.resolve("north-1");
     assert_eq!((north.max_items, north.max_wait), (40, secs(2 * 3600)));
@@ -369,12 +369,12 @@ fn readme_logistics_example_parses() {
     assert_eq!(p.resolve("east"), Policy::default());
 }
 
-/// The README's delayed-queue table parses to a policy whose only due rules
-/// are max_wait and item deadlines, with no lead: nothing flushes the one
-/// item before its deadline.
+/// The delayed-queue table of docs/policies.md parses to a policy whose
+/// only due rules are max_wait and item deadlines, with no lead: nothing
+/// flushes the one item before its deadline.
 #[test]
-fn readme_delayed_queue_example_parses() {
-    let c = parse(readme_block("## Recipe: batcher as a delayed queue")).unwrap();
+fn documented_delayed_queue_example_parses() {
+    let c = parse(policies_page_block("## Recipe: batcher as a delayed queue")).unwrap();
     let p = c.policies().resolve("unpaid:1001");
     assert_eq!(p, Policy::basic(2, secs(3600), None));
     assert_eq!(

@@ -1,0 +1,120 @@
+//! The FROZEN SERVICE FLOOR: the least a gRPC service on batcher's stack
+//! (tokio, tonic, prost, redis-rs) does per unary Add. DO NOT CHANGE IT to
+//! follow the service; it is a yardstick the service's own code cannot move,
+//! as `bench/floor/floor.lua` is for the Redis side.
+//!
+//! `batcher-bench __floor_serve --redis-url URL` serves `/batcher.v1.Batcher/Add`
+//! on a free loopback port (printing `LISTENING <addr>`, as `__serve` does)
+//! with tonic's default server and prost's codec, and nothing else: no
+//! layers, no validation, no metrics. Each call is one `EVALSHA` of
+//! `bench/floor/floor.lua` (max_items 10, max_wait 60 s) on one multiplexed
+//! redis-rs connection, with the item's key, id and payload, and replies
+//! `ADDED` or `DUPLICATE`. Every other method is `UNIMPLEMENTED`. Row 2c of
+//! the bench drives it with scenario 2's load, so the service's CPU per add
+//! can be read beside what the stack alone costs on the same machine.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use batcher::pb;
+use tonic::server::{Grpc, NamedService, UnaryService};
+use tonic::{Request, Response, Status};
+use tonic_prost::ProstCodec;
+
+/// The frozen floor script, the same one `instructions` counts.
+const FLOOR_LUA: &str = include_str!("../floor/floor.lua");
+
+/// The floor's whole state: the script and one multiplexed connection.
+#[derive(Clone)]
+struct Floor {
+    script: Arc<redis::Script>,
+    redis: redis::aio::MultiplexedConnection,
+}
+
+impl Floor {
+    async fn add(&self, request: pb::AddRequest) -> Result<pb::AddResponse, Status> {
+        let item = request.item.unwrap_or_default();
+        let tag = "{floor}";
+        let reply: Vec<redis::Value> = self
+            .script
+            .key(format!("{tag}:due"))
+            .key(format!("{tag}:stream"))
+            .key(format!("{tag}:g:{}", request.key))
+            .arg(10)
+            .arg(60_000)
+            .arg(1)
+            .arg(&item.id)
+            .arg(&item.payload[..])
+            .invoke_async(&mut self.redis.clone())
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let duplicate = matches!(reply.first(), Some(redis::Value::Int(0)));
+        let outcome = if duplicate {
+            pb::AddOutcome::Duplicate
+        } else {
+            pb::AddOutcome::Added
+        };
+        Ok(pb::AddResponse {
+            outcome: outcome as i32,
+            ..Default::default()
+        })
+    }
+}
+
+impl UnaryService<pb::AddRequest> for Floor {
+    type Response = pb::AddResponse;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<pb::AddResponse>, Status>> + Send>>;
+
+    fn call(&mut self, request: Request<pb::AddRequest>) -> Self::Future {
+        let floor = self.clone();
+        Box::pin(async move { floor.add(request.into_inner()).await.map(Response::new) })
+    }
+}
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for Floor {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let floor = self.clone();
+        Box::pin(async move {
+            if request.uri().path() != "/batcher.v1.Batcher/Add" {
+                return Ok(Status::unimplemented("the floor serves Add only").into_http());
+            }
+            let mut grpc = Grpc::new(ProstCodec::<pb::AddResponse, pb::AddRequest>::default());
+            Ok(grpc.unary(floor, request).await)
+        })
+    }
+}
+
+impl NamedService for Floor {
+    const NAME: &'static str = "batcher.v1.Batcher";
+}
+
+/// Serves the floor until killed; errors end it with a message.
+pub async fn serve(redis_url: &str) -> Result<(), String> {
+    let client = redis::Client::open(redis_url).map_err(|e| e.to_string())?;
+    let redis = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("cannot reach Redis: {e}"))?;
+    let script = Arc::new(redis::Script::new(FLOOR_LUA));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("cannot listen: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("LISTENING {addr}");
+    tonic::transport::Server::builder()
+        .add_service(Floor { script, redis })
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .await
+        .map_err(|e| e.to_string())
+}

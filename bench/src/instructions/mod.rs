@@ -1,0 +1,269 @@
+//! `batcher-bench instructions`: the Redis instructions each added item
+//! costs, counted by callgrind, as a yardstick that neither the machine nor
+//! its load can move.
+//!
+//! Each shape gets a fresh `redis-server` (Debian's; the library's launcher
+//! on a free loopback port, a temporary dir, no persistence) run under
+//! `valgrind --tool=callgrind --collect-atstart=no
+//! --toggle-collect=processInputBuffer`: only the instructions executed
+//! while Redis parses and runs a client's commands are counted (RESP
+//! parsing, the script, every command it calls, replies into the client's
+//! buffer), never the event loop, `serverCron`, socket writes or startup.
+//! (Debian's redis-server is stripped but keeps its dynamic symbols, which
+//! is all callgrind needs. `--toggle-collect=call` would work too, but
+//! would leave out the parsing of our argument lists, 5% of `addmany`.)
+//! Three settings keep timing out of the count: `activerehashing no` (no
+//! timer-driven rehash changes what the commands find), and no slowlog or
+//! latency histograms (under callgrind some calls take over slowlog's
+//! 10 ms and some not; in production an add logs neither). After a warm-up
+//! add (so the scripts are loaded) and a `FLUSHALL`, `callgrind_control -d`
+//! dumps and so zeroes the counts; the shape runs; a second dump's
+//! `totals:` is the shape's count. Everything else about it is fixed: the
+//! item sequence is seeded, calls are issued one at a time (each awaited),
+//! and the keyspace has one shard, so a `Store::add` of 100 items is one
+//! script call.
+//!
+//! What is left is Redis's own per-start randomness: its dict hash seed
+//! (so the chains its command table lookups walk) and its skiplist levels.
+//! Ours repeat within about 0.1% across runs, loaded machine or not; a
+//! floor shape, which does far less per command, moves up to 0.8% from one
+//! start to the next, so it runs on three and reports their median.
+//!
+//! Shapes, each through the public [`Store`](batcher::store::Store) API (so
+//! the harness survives changes of the scripts behind it), over
+//! [`KEYS`](shapes::KEYS) keys drawn by a seeded xorshift, 15-byte keys,
+//! 25-byte ids and 32-byte payloads as in the other scenarios:
+//! - `addmany`: [`ITEMS`](shapes::ITEMS) items in calls of 100, policy
+//!   max_items 10, max_wait 1 h (groups flush by SIZE, as in production);
+//! - `unary`: the first [`UNARY_ITEMS`](shapes::UNARY_ITEMS) of the same
+//!   items, one per call;
+//! - `every_rule`: as `addmany`, under scenario 11's policy with every rule
+//!   on ([`RULES_CONFIG`](crate::policies::RULES_CONFIG), parsed by the
+//!   service's own config code) and its parcels: a weight and a volume on
+//!   every item, a deadline 10 to 40 minutes ahead on one in ten;
+//! - `floor_addmany`, `floor_unary`: the same items as `addmany` and
+//!   `unary`, through `bench/floor/floor.lua` with EVALSHA on a plain
+//!   connection: the least an add script can do (HSETNX and HLEN per item,
+//!   ZADD when a group opens, HGETALL, XADD, DEL and ZREM when it fills).
+//!   That file is frozen, so the ratios to it compare with earlier runs.
+//!
+//! Each runs on a Redis of its own, [`PARALLEL`] at a time; the whole mode
+//! takes about a minute of CPU (valgrind runs Redis some fifty times
+//! slower), so some 30 to 40 s on two idle cores. The sizes are fixed
+//! constants, small for that reason (halving them moved the per-item
+//! figures by about 1%).
+//!
+//! The figure is instructions per item (and per call). The floor shapes are
+//! printed but never checked. `--write PATH` writes the figures as a
+//! baseline (`bench/instructions.toml`); `--check PATH` compares with one
+//! and exits 1 when a checked shape rose more than [`MAX_RISE`] above it.
+//! Without either, the table compares with `bench/instructions.toml` when
+//! it exists, and the exit status is 0. Instruction counts depend on the
+//! Redis build, not on the host, its load or our build profile: the
+//! baseline records the Redis version it was made with, and a check against
+//! another says so.
+//!
+//! ```sh
+//! scripts/ensure-redis && scripts/ensure-valgrind
+//! cargo run --bin batcher-bench -- instructions                     # the table
+//! cargo run --bin batcher-bench -- instructions --check bench/instructions.toml
+//! cargo run --bin batcher-bench -- instructions --write bench/instructions.toml
+//! ```
+//!
+//! Layout: this file (the options, and the run: measure every shape, compare,
+//! check or write), `shapes.rs` (the shapes, their seeded items and their
+//! policies), `profiled.rs` (a redis-server under callgrind, and the Redis
+//! build it is), `routes.rs` (a shape through `Store::add` or through the
+//! floor script) and `baseline.rs` (the baseline file, and the table that
+//! compares with it).
+
+mod baseline;
+mod profiled;
+mod routes;
+mod shapes;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use baseline::{Baseline, MAX_RISE, print_table};
+use profiled::{Profiled, RedisBuild, check_tools};
+use routes::{run_floor, run_store};
+use shapes::{Policies, Route, SHAPES, Shape, policies};
+
+/// Shapes run at once, each on its own Redis (callgrind keeps a process on
+/// one core, and each waits on its client between calls).
+const PARALLEL: usize = 3;
+/// The baseline the table compares with when neither --check nor --write is given.
+const DEFAULT_BASELINE: &str = "bench/instructions.toml";
+
+/// The options of `batcher-bench instructions`.
+#[derive(clap::Args)]
+pub struct Opts {
+    /// Write the figures to this baseline file (bench/instructions.toml).
+    #[arg(long, value_name = "PATH", conflicts_with = "check")]
+    write: Option<PathBuf>,
+    /// Compare with this baseline and exit 1 if a shape of ours (not the
+    /// floor's) rose more than 3% above it.
+    #[arg(long, value_name = "PATH")]
+    check: Option<PathBuf>,
+}
+
+/// What a shape measured.
+struct Measured {
+    name: &'static str,
+    checked: bool,
+    items: usize,
+    calls: usize,
+    /// Instructions over the whole shape.
+    instructions: u64,
+    /// Batches written, by reason.
+    batches: BTreeMap<String, u64>,
+    /// With several starts: how many, and (max − min) / median of their counts.
+    spread: Option<(usize, f64)>,
+}
+
+impl Measured {
+    fn per_item(&self) -> f64 {
+        self.instructions as f64 / self.items as f64
+    }
+
+    fn per_call(&self) -> f64 {
+        self.instructions as f64 / self.calls as f64
+    }
+}
+
+/// Runs the mode; see the module docs.
+pub fn main(opts: Opts) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("batcher-bench instructions: cannot start tokio: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Every redis-server is spawned from this thread (see procs.rs); Ctrl-C
+    // drops the future, and with it the server.
+    runtime.block_on(async {
+        tokio::select! {
+            code = run(opts) => code,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("batcher-bench instructions: interrupted");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+async fn run(opts: Opts) -> ExitCode {
+    let started = Instant::now();
+    let (measured, redis) = match measure_all().await {
+        Ok(done) => done,
+        Err(e) => {
+            eprintln!("batcher-bench instructions: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let baseline_path = opts.check.clone().or_else(|| {
+        let default = repo_root().join(DEFAULT_BASELINE);
+        (opts.write.is_none() && default.exists()).then_some(default)
+    });
+    let baseline = match &baseline_path {
+        Some(path) => match Baseline::read(path) {
+            Ok(baseline) => Some(baseline),
+            Err(e) => {
+                eprintln!("batcher-bench instructions: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let failures = print_table(&measured, baseline.as_ref(), &redis);
+    println!("({:.0} s in all)", started.elapsed().as_secs_f64());
+    if let Some(path) = &opts.write {
+        match std::fs::write(path, Baseline::render(&measured, &redis)) {
+            Ok(()) => println!("wrote {}", path.display()),
+            Err(e) => {
+                eprintln!(
+                    "batcher-bench instructions: cannot write {}: {e}",
+                    path.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if opts.check.is_some() && !failures.is_empty() {
+        eprintln!(
+            "batcher-bench instructions: above the baseline by more than {:.0}%: {}. \
+             If that is intended, regenerate the baseline (see its header) in a commit \
+             that says why.",
+            MAX_RISE * 100.0,
+            failures.join(", ")
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// The repository, where the default baseline lives.
+fn repo_root() -> PathBuf {
+    super::repo_root()
+}
+
+/// Runs every shape, each on fresh profiled Redis servers ([`PARALLEL`] at
+/// once: the counts do not depend on timing); also returns that Redis's
+/// version and build id.
+async fn measure_all() -> Result<(Vec<Measured>, RedisBuild), String> {
+    use futures::StreamExt;
+    check_tools()?;
+    let policies = policies()?;
+    let jobs = SHAPES
+        .iter()
+        .flat_map(|shape| std::iter::repeat_n(shape, shape.starts()));
+    let runs: Vec<_> = futures::stream::iter(jobs.map(|shape| measure(shape, &policies)))
+        .buffered(PARALLEL)
+        .collect()
+        .await;
+    let mut runs = runs.into_iter();
+    let mut measured = Vec::new();
+    let mut build = None;
+    for shape in &SHAPES {
+        let mut mine = Vec::new();
+        for run in runs.by_ref().take(shape.starts()) {
+            let (m, b) = run?;
+            build.get_or_insert(b);
+            mine.push(m);
+        }
+        mine.sort_by_key(|m| m.instructions);
+        let (low, high) = (mine[0].instructions, mine[mine.len() - 1].instructions);
+        let mut median = mine.swap_remove(mine.len() / 2);
+        if shape.starts() > 1 {
+            let spread = (high - low) as f64 / median.instructions as f64;
+            median.spread = Some((shape.starts(), spread));
+        }
+        measured.push(median);
+    }
+    Ok((measured, build.expect("at least one shape")))
+}
+
+/// One shape on a Redis of its own.
+async fn measure(shape: &Shape, policies: &Policies) -> Result<(Measured, RedisBuild), String> {
+    let started = Instant::now();
+    let mut redis = Profiled::start().await?;
+    let build = RedisBuild::of(redis.url()).await?;
+    let m = match shape.route {
+        Route::Store { rules } => run_store(&mut redis, shape, rules, policies).await?,
+        Route::Floor => run_floor(&mut redis, shape, &policies.plain).await?,
+    };
+    eprintln!(
+        "{:<14} {:>8.0} instructions per item ({:.1} s)",
+        m.name,
+        m.per_item(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok((m, build))
+}

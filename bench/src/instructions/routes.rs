@@ -1,0 +1,214 @@
+//! The two routes a shape can take (see [`Route`](super::shapes::Route)):
+//! `Store::add`, with the plain policy or with every rule on, and the frozen
+//! floor script by EVALSHA; each on a profiled Redis, one call at a time,
+//! counting only the calls after a warm-up.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use batcher::batch::AddOutcome;
+use batcher::batch::Item;
+use batcher::keys::Keyspace;
+use batcher::policy::Policy;
+use batcher::store::{NewItem, RedisTarget, Store, Timeouts};
+use redis::aio::MultiplexedConnection;
+
+use super::Measured;
+use super::profiled::{Profiled, connection};
+use super::shapes::{Draw, Policies, Shape, group_key, sequence};
+use crate::load::{self, PAYLOAD};
+
+/// The frozen floor: see its header.
+static FLOOR: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor.lua")));
+
+async fn flushall(conn: &mut MultiplexedConnection) -> Result<(), String> {
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(conn)
+        .await
+        .map_err(|e| format!("FLUSHALL: {e}"))
+}
+
+/// The keyspace of every shape: one shard, so that one `Store::add` is one
+/// script call.
+fn keyspace() -> Keyspace {
+    Keyspace::new("ins", 1)
+}
+
+/// Milliseconds since the Unix epoch, on the host clock.
+fn now_ms() -> u64 {
+    load::now_micros() / 1000
+}
+
+/// A shape through `Store::add`, one call at a time.
+pub(super) async fn run_store(
+    redis: &mut Profiled,
+    shape: &Shape,
+    rules: bool,
+    policies: &Policies,
+) -> Result<Measured, String> {
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(30),
+        response: Duration::from_secs(300),
+    };
+    let store = Store::open(
+        &RedisTarget::single(redis.url(), timeouts),
+        keyspace(),
+        policies.dedup,
+        policies.handle.clone(),
+    )
+    .map_err(|e| format!("Store::open: {e}"))?;
+    let policy = if rules {
+        &policies.rules
+    } else {
+        &policies.plain
+    };
+    let new_item = |draw: &Draw, now: u64| {
+        let mut item = Item::new(draw.id.as_bytes(), PAYLOAD.to_vec());
+        if rules {
+            item.measures.insert("weight_g".into(), draw.weight_g);
+            item.measures.insert("volume_cm3".into(), draw.volume_cm3);
+            item.deadline_ms = draw.deadline_s.map(|s| now + s * 1000);
+        }
+        NewItem {
+            key: group_key(rules, draw.key),
+            item,
+            policy: policy.clone(),
+            close: false,
+            requeue_of: None,
+        }
+    };
+    // Warm-up: loads whatever the store runs, then leaves Redis empty.
+    let warm = NewItem {
+        key: "warm-up".into(),
+        ..new_item(&sequence(1)[0], now_ms())
+    };
+    store
+        .add(vec![warm])
+        .await
+        .map_err(|e| format!("warm-up add: {e}"))?;
+    flushall(&mut connection(redis.url()).await?).await?;
+    redis.dump().await?;
+
+    let draws = sequence(shape.items);
+    let mut calls = 0;
+    let mut added = 0;
+    let mut batches = BTreeMap::new();
+    for chunk in draws.chunks(shape.per_call) {
+        let now = now_ms();
+        let items = chunk.iter().map(|draw| new_item(draw, now)).collect();
+        let report = store
+            .add(items)
+            .await
+            .map_err(|e| format!("{}: add: {e}", shape.name))?;
+        calls += 1;
+        for result in &report.results {
+            added += usize::from(result.outcome == AddOutcome::Added);
+            for batch in &result.flushed {
+                *batches
+                    .entry(batch.reason.as_str().to_string())
+                    .or_default() += 1;
+            }
+        }
+    }
+    let instructions = redis.dump().await?;
+    if added != shape.items {
+        return Err(format!(
+            "{}: {added} of {} items were added; the figure would mean nothing",
+            shape.name, shape.items
+        ));
+    }
+    Ok(Measured {
+        name: shape.name,
+        checked: shape.checked(),
+        items: shape.items,
+        calls,
+        instructions,
+        batches,
+        spread: None,
+    })
+}
+
+/// A shape through the frozen floor script, one EVALSHA at a time.
+pub(super) async fn run_floor(
+    redis: &mut Profiled,
+    shape: &Shape,
+    policy: &Policy,
+) -> Result<Measured, String> {
+    let mut conn = connection(redis.url()).await?;
+    let shard = keyspace().shard(0);
+    let max_wait_ms = policy.max_wait.as_millis() as u64;
+    let call = |draws: &[Draw], keys: &dyn Fn(u64) -> String| {
+        let mut invocation = FLOOR.prepare_invoke();
+        invocation.key(&shard.due).key(&shard.stream);
+        let mut groups: HashMap<u64, usize> = HashMap::new();
+        let mut args: Vec<(usize, &Draw)> = Vec::with_capacity(draws.len());
+        for draw in draws {
+            let next = groups.len() + 1;
+            let index = *groups.entry(draw.key).or_insert_with(|| {
+                invocation.key(keyspace().group(0, &keys(draw.key)));
+                next
+            });
+            args.push((index, draw));
+        }
+        invocation.arg(policy.max_items).arg(max_wait_ms);
+        for (index, draw) in args {
+            invocation.arg(index).arg(&draw.id).arg(&PAYLOAD[..]);
+        }
+        invocation
+    };
+    // Warm-up: loads the script, then leaves Redis empty.
+    FLOOR
+        .load_async(&mut conn)
+        .await
+        .map_err(|e| format!("SCRIPT LOAD of the floor: {e}"))?;
+    let warm: Vec<redis::Value> = call(&sequence(1), &|_| "warm-up".into())
+        .invoke_async(&mut conn)
+        .await
+        .map_err(|e| format!("warm-up floor call: {e}"))?;
+    if warm.len() != 1 {
+        return Err("the floor's warm-up call answered nothing".into());
+    }
+    flushall(&mut conn).await?;
+    redis.dump().await?;
+
+    let draws = sequence(shape.items);
+    let keys = |n: u64| group_key(false, n);
+    let mut calls = 0;
+    let mut added = 0;
+    let mut flushed = 0;
+    for chunk in draws.chunks(shape.per_call) {
+        let reply: Vec<redis::Value> = call(chunk, &keys)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| format!("{}: floor call: {e}", shape.name))?;
+        calls += 1;
+        for value in reply {
+            match value {
+                redis::Value::Int(0) => {}
+                redis::Value::Int(_) => added += 1,
+                _ => {
+                    added += 1;
+                    flushed += 1;
+                }
+            }
+        }
+    }
+    let instructions = redis.dump().await?;
+    if added != shape.items {
+        return Err(format!(
+            "{}: {added} of {} items were added by the floor",
+            shape.name, shape.items
+        ));
+    }
+    Ok(Measured {
+        name: shape.name,
+        checked: shape.checked(),
+        items: shape.items,
+        calls,
+        instructions,
+        batches: BTreeMap::from([("SIZE".to_string(), flushed)]),
+        spread: None,
+    })
+}

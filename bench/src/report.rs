@@ -1,0 +1,338 @@
+//! The results table, printed and written to BENCHMARKS.md with the machine,
+//! the date and the command.
+
+use std::fmt::Write as _;
+
+/// How a figure compares with its target.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Miss,
+    /// A reference figure or one with no pass/fail target.
+    Info,
+    /// The scenario could not run; the figure holds the reason.
+    NotRun,
+}
+
+impl Verdict {
+    pub fn of(pass: bool) -> Verdict {
+        if pass { Verdict::Pass } else { Verdict::Miss }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Verdict::Pass => "PASS",
+            Verdict::Miss => "MISS",
+            Verdict::Info => "-",
+            Verdict::NotRun => "NOT RUN",
+        }
+    }
+}
+
+/// One line of the table.
+pub struct Row {
+    pub scenario: String,
+    pub figure: String,
+    pub target: String,
+    pub ratio: String,
+    pub verdict: Verdict,
+}
+
+impl Row {
+    pub fn new(
+        scenario: impl Into<String>,
+        figure: impl Into<String>,
+        target: impl Into<String>,
+        ratio: impl Into<String>,
+        verdict: Verdict,
+    ) -> Row {
+        Row {
+            scenario: scenario.into(),
+            figure: figure.into(),
+            target: target.into(),
+            ratio: ratio.into(),
+            verdict,
+        }
+    }
+
+    pub fn not_run(scenario: impl Into<String>, why: &str) -> Row {
+        Row::new(scenario, why, "", "", Verdict::NotRun)
+    }
+}
+
+const HEADER: [&str; 5] = ["scenario", "figure", "target", "ratio", "result"];
+
+fn cells(row: &Row) -> [&str; 5] {
+    [
+        &row.scenario,
+        &row.figure,
+        &row.target,
+        &row.ratio,
+        row.verdict.label(),
+    ]
+}
+
+/// The table as aligned plain text, for the terminal.
+pub fn text_table(rows: &[Row]) -> String {
+    let mut widths = HEADER.map(|h| h.chars().count());
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(cells(row)) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 5]| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i > 0 {
+                out.push_str(" | ");
+            }
+            let pad = w - cell.chars().count();
+            out.push_str(cell);
+            out.extend(std::iter::repeat_n(' ', pad));
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out = line(HEADER);
+    out += &(widths
+        .iter()
+        .map(|w| "-".repeat(*w))
+        .collect::<Vec<_>>()
+        .join("-+-")
+        + "\n");
+    for row in rows {
+        out += &line(cells(row));
+    }
+    out
+}
+
+/// The table in Markdown.
+pub fn markdown_table(rows: &[Row]) -> String {
+    let escape = |s: &str| s.replace('|', "\\|");
+    let mut out = format!("| {} |\n|---|---|---|---|---|\n", HEADER.join(" | "));
+    for row in rows {
+        let cells = cells(row).map(escape);
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    out
+}
+
+/// What the report says about the machine.
+pub struct Machine {
+    pub cores: usize,
+    pub cpu_model: String,
+}
+
+impl Machine {
+    pub fn detect() -> Machine {
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|info| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix("model name"))
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        Machine { cores, cpu_model }
+    }
+}
+
+/// The current UTC date and time, "YYYY-MM-DD HH:MM UTC".
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60
+    )
+}
+
+/// Everything BENCHMARKS.md holds.
+pub struct Document<'a> {
+    pub rows: &'a [Row],
+    pub notes: &'a [String],
+    /// The "Charts" section (Markdown linking the SVGs), or "".
+    pub charts: &'a str,
+    pub machine: &'a Machine,
+    /// /proc/loadavg when the run started: other load makes figures noisy.
+    pub load_before: &'a str,
+    pub command: &'a str,
+    pub date: &'a str,
+    pub mode: &'a str,
+    pub redis_version: &'a str,
+    pub commit: &'a str,
+    pub config: &'a str,
+    pub method: &'a str,
+}
+
+impl Document<'_> {
+    pub fn render(&self) -> String {
+        let judged: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| matches!(r.verdict, Verdict::Pass | Verdict::Miss))
+            .collect();
+        let holding: Vec<&str> = judged
+            .iter()
+            .filter(|r| r.verdict == Verdict::Pass)
+            .map(|r| r.scenario.as_str())
+            .collect();
+        let missing: Vec<&str> = judged
+            .iter()
+            .filter(|r| r.verdict == Verdict::Miss)
+            .map(|r| r.scenario.as_str())
+            .collect();
+        let mut out = String::new();
+        let _ = writeln!(out, "# Benchmarks\n");
+        let _ = writeln!(
+            out,
+            "Written by `batcher-bench` (`bench/src/`); rerun it to refresh \
+             this file. Redis, the service and the load generator share one machine, so \
+             the throughputs here are reference figures of this machine and run. Two \
+             yardsticks our code cannot move judge them: `bench/peer/run` compares rows 1 \
+             and 2 with BullMQ in the same sitting, and `batcher-bench instructions` counts \
+             the Redis instructions per added item.\n"
+        );
+        let _ = writeln!(out, "- Command: `{}`", self.command);
+        let _ = writeln!(out, "- Mode: {}", self.mode);
+        let _ = writeln!(out, "- Date: {}", self.date);
+        let _ = writeln!(
+            out,
+            "- Machine: {} cores, {}",
+            self.machine.cores, self.machine.cpu_model
+        );
+        let _ = writeln!(
+            out,
+            "- Load average when the run started: {}",
+            self.load_before
+        );
+        let _ = writeln!(out, "- redis-server: {}", self.redis_version);
+        let _ = writeln!(out, "- Commit: {}\n", self.commit);
+        let _ = writeln!(out, "{}", markdown_table(self.rows));
+        let _ = writeln!(
+            out,
+            "Targets holding ({} of {}): {}.\n",
+            holding.len(),
+            judged.len(),
+            if holding.is_empty() {
+                "none".into()
+            } else {
+                holding.join("; ")
+            }
+        );
+        let _ = writeln!(
+            out,
+            "Targets missed: {}.\n",
+            if missing.is_empty() {
+                "none".into()
+            } else {
+                missing.join("; ")
+            }
+        );
+        out.push_str(self.charts);
+        if !self.notes.is_empty() {
+            let _ = writeln!(out, "## Details\n");
+            for note in self.notes {
+                let _ = writeln!(out, "- {note}");
+            }
+            out.push('\n');
+        }
+        let _ = writeln!(out, "## How each figure is computed\n\n{}", self.method);
+        let _ = writeln!(
+            out,
+            "## Service config under test\n\n```toml\n{}```",
+            self.config
+        );
+        out
+    }
+}
+
+/// The load average (1, 5, 15 min) from /proc/loadavg, or "unknown".
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The command that reproduces this run.
+pub fn command_line() -> String {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .map(|a| {
+            if a.contains(|c: char| c.is_whitespace() || "'\"$`\\".contains(c)) {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            } else {
+                a
+            }
+        })
+        .collect();
+    if args.is_empty() {
+        "cargo run --release --bin batcher-bench".into()
+    } else {
+        format!(
+            "cargo run --release --bin batcher-bench -- {}",
+            args.join(" ")
+        )
+    }
+}
+
+/// `git describe --always --dirty` of the repository, or "unknown".
+pub fn git_commit() -> String {
+    std::process::Command::new("git")
+        .arg("-C")
+        .arg(super::repo_root())
+        .args(["describe", "--always", "--dirty"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// What a run has found so far: the table's rows and notes, the charts'
+/// data, and whether any scenario could not run.
+pub struct Results {
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+    pub failed: bool,
+    /// What the charts are drawn from, filled in as the scenarios report.
+    pub charts: super::charts::Data,
+    /// Scenario ids given to --only; empty for all.
+    only: Vec<String>,
+}
+
+impl Results {
+    pub fn new(only: Vec<String>) -> Results {
+        Results {
+            rows: Vec::new(),
+            notes: Vec::new(),
+            failed: false,
+            charts: super::charts::Data::default(),
+            only,
+        }
+    }
+
+    pub fn wants(&self, id: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == id)
+    }
+
+    /// Records a scenario that could not run, as a NOT RUN row.
+    pub fn not_run(&mut self, name: &str, error: &str) {
+        eprintln!("batcher-bench: {name} could not run: {error}");
+        self.failed = true;
+        self.rows.push(Row::not_run(name, error));
+    }
+}

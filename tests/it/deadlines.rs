@@ -1,0 +1,221 @@
+//! One deadline per call: with Redis refusing connections or hung
+//! (SIGSTOP), callers under load get UNAVAILABLE within the deadline plus a
+//! margin, health shows NOT_SERVING and then SERVING, and nothing accepted is
+//! lost; a client's shorter `grpc-timeout` is honoured; an add whose
+//! deadline passed while it queued is never written.
+
+use std::time::{Duration, Instant};
+
+use crate::support::load::{Load, placement};
+use crate::support::{
+    Paused, RedisServer, Service, add, all_batches, assert_error_info, config, eventually, store,
+    wait_health,
+};
+use batcher::batch::Item;
+use batcher::config::Config;
+use batcher::pb;
+use batcher::policy::Policy;
+use batcher::store::{Deadline, NewItem, StoreError};
+use tonic::{Code, Request};
+use tonic_health::pb::health_check_response::ServingStatus;
+
+/// The configured deadline of these tests.
+const DEADLINE: Duration = Duration::from_secs(1);
+/// How much later than the deadline a failure may come, on a busy machine.
+const MARGIN: Duration = Duration::from_secs(1);
+/// Groups of up to 20 items, flushed 300 ms after they open.
+const POLICY: &str = "[defaults]\nmax_items = 20\nmax_wait = \"300ms\"\n\
+                      [sweeper]\nmax_sleep = \"100ms\"\n";
+/// Callers adding at once.
+const CALLERS: usize = 6;
+/// Adds answered between two steps of a test.
+const STEADY: usize = 200;
+
+/// The tests' config: [`POLICY`] and a deadline of [`DEADLINE`].
+fn deadline_config(redis: &RedisServer) -> Config {
+    let mut config = config(&redis.url(), POLICY);
+    config.redis.response_timeout = DEADLINE;
+    config
+}
+
+/// The service under [`CALLERS`] callers adding without pause.
+async fn start_load(config: &Config) -> (Service, Load) {
+    let service = Service::start(config.clone()).await;
+    let mut clients = Vec::new();
+    for _ in 0..CALLERS {
+        clients.push(service.client().await);
+    }
+    (service, Load::start(clients, 8))
+}
+
+/// Stops the load, waits for every group to flush, and checks what the
+/// callers of the `outage` test were told: only UNAVAILABLE failures, each
+/// within the deadline plus the margin, and every acknowledged item in
+/// exactly one batch.
+async fn settle(service: Service, load: Load, config: &Config, outage: &str) {
+    let tally = load.finish().await;
+    let client = service.client().await;
+    eventually("every group to flush", || {
+        let mut client = client.clone();
+        async move {
+            let page = client.list_groups(pb::ListGroupsRequest::default());
+            page.await
+                .ok()?
+                .into_inner()
+                .groups
+                .is_empty()
+                .then_some(())
+        }
+    })
+    .await;
+    let batches = all_batches(&store(config)).await;
+    service.stop().await;
+    assert!(tally.other_errors.is_empty(), "{:?}", tally.other_errors);
+    assert!(tally.unavailable > 0, "the outage was never seen");
+    assert_eq!(tally.gave_up, 0);
+    assert!(
+        tally.slowest_failure < DEADLINE + MARGIN,
+        "a call took {:?} to fail",
+        tally.slowest_failure
+    );
+    let placed = placement(&tally, &batches);
+    assert_eq!((placed.lost, placed.duplicated, placed.unknown), (0, 0, 0));
+    eprintln!(
+        "{outage}: {} UNAVAILABLE, slowest failure {:?}, longest outage {:?}, {} acknowledged",
+        tally.unavailable,
+        tally.slowest_failure,
+        tally.longest_outage,
+        tally.acknowledged.len()
+    );
+}
+
+/// Redis killed under load (it refuses connections): callers get UNAVAILABLE
+/// within the deadline, health shows NOT_SERVING, and after a restart from
+/// its AOF health shows SERVING and nothing acknowledged is lost.
+#[tokio::test]
+async fn refused_connections_fail_within_the_deadline() {
+    let mut redis = RedisServer::start();
+    let config = deadline_config(&redis);
+    let (service, load) = start_load(&config).await;
+    load.wait_answered(STEADY).await;
+    redis.kill();
+    load.wait_calls(50).await;
+    wait_health(service.addr, ServingStatus::NotServing).await;
+    redis.restart();
+    load.wait_answered(STEADY).await;
+    wait_health(service.addr, ServingStatus::Serving).await;
+    settle(service, load, &config, "refused").await;
+}
+
+/// Redis hung (SIGSTOP) under load: callers get UNAVAILABLE within the
+/// deadline instead of waiting for it, health shows NOT_SERVING; after
+/// SIGCONT health shows SERVING and nothing acknowledged is lost.
+#[tokio::test]
+async fn hung_redis_fails_within_the_deadline() {
+    let redis = RedisServer::start();
+    let config = deadline_config(&redis);
+    let (service, load) = start_load(&config).await;
+    load.wait_answered(STEADY).await;
+    let paused = Paused::new(&redis);
+    load.wait_calls(2 * CALLERS).await;
+    wait_health(service.addr, ServingStatus::NotServing).await;
+    load.wait_calls(2 * CALLERS).await;
+    drop(paused);
+    load.wait_answered(STEADY).await;
+    wait_health(service.addr, ServingStatus::Serving).await;
+    settle(service, load, &config, "hung").await;
+}
+
+/// With Redis hung and a configured deadline of 10 s, calls whose client
+/// `grpc-timeout` is 1 s fail UNAVAILABLE (REDIS_TIMEOUT) a little before
+/// 1 s: an add, a read, and a Subscribe that joins a consumer group.
+#[tokio::test]
+async fn shorter_client_timeout_is_honoured() {
+    let redis = RedisServer::start();
+    let mut config = config(&redis.url(), "");
+    config.redis.response_timeout = Duration::from_secs(10);
+    let service = Service::start(config).await;
+    let mut client = service.client().await;
+    client.add(add("k", "before", b"")).await.unwrap();
+    let timeout = Duration::from_secs(1);
+
+    let _paused = Paused::new(&redis);
+    let started = Instant::now();
+    let status = client
+        .add(within(add("k", "during", b""), timeout))
+        .await
+        .unwrap_err();
+    check_timed_out(&status, started, timeout);
+
+    let started = Instant::now();
+    let read = pb::GetGroupRequest { key: "k".into() };
+    let status = client.get_group(within(read, timeout)).await.unwrap_err();
+    check_timed_out(&status, started, timeout);
+
+    let started = Instant::now();
+    let join = pb::SubscribeRequest {
+        consumer_group: "g".into(),
+        consumer: "c".into(),
+        ..Default::default()
+    };
+    let status = client.subscribe(within(join, timeout)).await.unwrap_err();
+    check_timed_out(&status, started, timeout);
+}
+
+/// `message` as a request with a client deadline of `timeout`.
+fn within<T>(message: T, timeout: Duration) -> Request<T> {
+    let mut request = Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// Asserts that `status` is the deadline's UNAVAILABLE, which came after
+/// about `timeout` since `started`.
+#[track_caller]
+fn check_timed_out(status: &tonic::Status, started: Instant, timeout: Duration) {
+    let took = started.elapsed();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().starts_with("redis did not answer within "),
+        "{status:?}"
+    );
+    assert_error_info(status, "REDIS_TIMEOUT");
+    assert!(
+        took >= timeout * 8 / 10 && took < timeout + MARGIN,
+        "failed after {took:?}"
+    );
+}
+
+/// An add whose deadline has passed when its shard's writer takes it from
+/// the queue is dropped, not written, and its caller is told it timed out.
+#[tokio::test]
+async fn expired_queued_add_is_never_written() {
+    let redis = RedisServer::start();
+    let config = config(&redis.url(), "");
+    let store = store(&config);
+    let item = |id: &str| NewItem {
+        key: "k".into(),
+        item: Item::new(id, ""),
+        policy: Policy::basic(10, Duration::from_secs(60), None),
+        close: false,
+        requeue_of: None,
+    };
+    let expired = Deadline {
+        at: tokio::time::Instant::now(),
+        budget: Duration::from_millis(300),
+    };
+    let err = store
+        .add_within(vec![item("late")], Some(expired))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Timeout(_)), "{err:?}");
+    assert_eq!(err.to_string(), "redis did not answer within 300ms");
+    let live = Deadline::after(Duration::from_secs(5));
+    store
+        .add_within(vec![item("on-time")], Some(live))
+        .await
+        .unwrap();
+    let group = store.group("k").await.unwrap().expect("an open group");
+    let ids: Vec<&[u8]> = group.items.iter().map(|i| i.id.as_slice()).collect();
+    assert_eq!(ids, [b"on-time"]);
+}

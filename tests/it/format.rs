@@ -1,0 +1,94 @@
+//! The data format marker: a service refuses, with one line that says what
+//! it found and what to do, to start on a prefix that holds data in another
+//! format, older (unmarked shard keys) or unknown; on an empty prefix it
+//! marks the format it writes. Started while Redis is down, it checks
+//! before its first add, and writes nothing in another format.
+
+use crate::support;
+
+use crate::support::redis::RedisServer;
+use crate::support::{Service, add, start_error};
+use batcher::keys::Keyspace;
+use tonic::Code;
+
+/// An empty prefix gets the marker; a prefix holding format 1 (shard keys,
+/// no marker) or format 3 refuses the start and is left as it was.
+#[tokio::test]
+async fn a_prefix_in_another_format_refuses_to_start() {
+    let redis = RedisServer::start();
+    let marker = Keyspace::new("batcher", 4).format_marker();
+    let service = Service::start(support::config(&redis.url(), "")).await;
+    let mut client = service.client().await;
+    client
+        .add(add("k", "1", b"p"))
+        .await
+        .expect("an add on a fresh prefix");
+    assert_eq!(redis.cli(&["GET", &marker]), "2");
+    service.stop().await;
+
+    redis.cli(&["SET", &marker, "3"]);
+    let msg = start_error(support::config(&redis.url(), "")).await;
+    assert!(
+        msg.contains("format 3") && msg.contains("format 2"),
+        "{msg}"
+    );
+    assert!(msg.contains("prefix \"batcher\""), "{msg}");
+    assert!(!msg.contains('\n'), "one line: {msg}");
+    assert_eq!(
+        redis.cli(&["GET", &marker]),
+        "3",
+        "the marker was overwritten"
+    );
+
+    redis.cli(&["DEL", &marker]);
+    let due = Keyspace::new("batcher", 4).shard(2).due;
+    redis.cli(&["ZADD", &due, "1", "old-group"]);
+    let msg = start_error(support::config(&redis.url(), "")).await;
+    assert!(msg.contains("format 1"), "{msg}");
+    assert_eq!(
+        redis.cli(&["EXISTS", &marker]),
+        "0",
+        "format 1 was marked 2"
+    );
+}
+
+/// A service started while Redis is down finds the other format when Redis
+/// comes back: its adds fail FAILED_PRECONDITION naming the format found,
+/// and write nothing.
+#[tokio::test]
+async fn a_service_started_before_redis_checks_before_its_first_add() {
+    let mut redis = RedisServer::start();
+    let marker = Keyspace::new("batcher", 4).format_marker();
+    redis.cli(&["SET", &marker, "3"]);
+    redis.stop();
+    let service = Service::start(support::config(&redis.url(), "")).await;
+    let client = service.client().await;
+    // Serving (past its start) while Redis is down: an add is UNAVAILABLE.
+    let add_now = |id: &'static str| {
+        let mut client = client.clone();
+        async move { client.add(add("k", id, b"p")).await }
+    };
+    support::eventually("the service to serve without Redis", || async {
+        let code = add_now("1").await.err()?.code();
+        (code == Code::Unavailable).then_some(())
+    })
+    .await;
+    redis.restart();
+    let status = support::eventually("an add to meet the restarted Redis", || async {
+        match add_now("1").await {
+            Err(status) if status.code() == Code::Unavailable => None,
+            done => Some(done),
+        }
+    })
+    .await
+    .expect_err("an add into format 3");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("format 3"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(redis.data_keys(), "0", "an add wrote into format 3");
+    assert_eq!(redis.cli(&["GET", &marker]), "3");
+    service.stop().await;
+}
