@@ -7,11 +7,12 @@ use crate::support;
 
 use std::time::Duration;
 
+use batcher::batch::AddOutcome;
 use batcher::batch::{Batch, FlushReason, Item};
 use batcher::keys::Keyspace;
 use batcher::pb;
 use batcher::policy::{Policies, Policy, PolicyHandle};
-use batcher::store::{AddOutcome, NewItem, RedisTarget, Store, Timeouts};
+use batcher::store::{NewItem, RedisTarget, Store, Timeouts};
 
 use crate::support::{Process, RedisServer, add, eventually, next_batch};
 

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use batcher::batch::{AddOutcome, AddResult};
 use batcher::batch::{FlushReason, Item};
 use batcher::keys::Keyspace;
 use batcher::policy::{Policies, Policy, PolicyHandle};
-use batcher::store::{AddOutcome, AddResult, NewItem, RedisTarget, Store, Timeouts};
+use batcher::store::{NewItem, RedisTarget, Store, Timeouts};
 
 use crate::support::{RedisServer, eventually};
 
