@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "proto/batcher/v1/batcher.proto";
-    println!("cargo:rerun-if-changed={proto}");
+    println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile([proto], ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(

@@ -28,7 +28,7 @@ use crate::store::Store;
 use crate::subscribers::Filter;
 
 /// The Batcher methods and the role that allows each (admin allows all).
-const METHODS: [(&str, Role); 11] = [
+const METHODS: [(&str, Role); 17] = [
     ("Add", Role::Produce),
     ("AddMany", Role::Produce),
     ("Remove", Role::Produce),
@@ -40,6 +40,12 @@ const METHODS: [(&str, Role); 11] = [
     ("Flush", Role::Admin),
     ("ListDeadLetters", Role::Admin),
     ("Redrive", Role::Admin),
+    ("GetPolicy", Role::Read),
+    ("ListPolicies", Role::Read),
+    ("ListPolicyRevisions", Role::Read),
+    ("UpdatePolicy", Role::Admin),
+    ("DeletePolicy", Role::Admin),
+    ("ImportPolicies", Role::Admin),
 ];
 
 /// One configured token, by the SHA-256 of its secret.
@@ -208,6 +214,24 @@ impl Caller {
             .get::<Caller>()
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// The token's name; empty with auth off.
+    pub fn name(&self) -> &str {
+        &self.token
+    }
+
+    /// PERMISSION_DENIED unless the token's prefixes cover a policy's key
+    /// pattern (its text before any `*` starts with one of them); the
+    /// defaults (`None`) apply to every key, so only an unscoped token
+    /// covers them.
+    pub fn check_pattern(&self, pattern: Option<&str>) -> Result<(), Error> {
+        match pattern {
+            Some(pattern) if self.in_scope(pattern) => Ok(()),
+            Some(pattern) => Err(self.out_of_scope("policy pattern", pattern)),
+            None if self.prefixes.is_empty() => Ok(()),
+            None => Err(self.out_of_scope("policy", "defaults")),
+        }
     }
 
     fn in_scope(&self, key: &str) -> bool {

@@ -108,6 +108,28 @@ impl Keyspace {
     pub fn group(&self, shard: u16, key: &str) -> String {
         format!("{}:g:{key}", self.tag(shard))
     }
+
+    /// The policy store's keys. They share the tag `{<prefix>:policies}`,
+    /// so one script changes them together, on one cluster slot.
+    pub fn policy_store(&self) -> PolicyStoreKeys {
+        let tag = format!("{{{}:policies}}", self.prefix);
+        PolicyStoreKeys {
+            docs: format!("{tag}:docs"),
+            revision: format!("{tag}:revision"),
+            history: format!("{tag}:history"),
+        }
+    }
+}
+
+/// The keys of the policy store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyStoreKeys {
+    /// Hash: policy name (`defaults`, `keys/<pattern>`) -> its document.
+    pub docs: String,
+    /// The store's revision: how many changes it has taken.
+    pub revision: String,
+    /// Stream of changes, one entry per revision (id `<revision>-1`).
+    pub history: String,
 }
 
 /// Slots of a Redis Cluster.

@@ -17,6 +17,10 @@
 //!   subscribers' blocking stream reads on their dedicated connections; replies
 //!   are decoded into our types by `FromRedisValue`; adds wait in bounded
 //!   per-shard queues.
+//! - `policy_store`: policies as shared live data: the store in Redis
+//!   (documents with revisions and etags, and their audited history), this
+//!   instance's copy that the add path resolves against, kept current by a
+//!   revision check, and open groups brought under a shorter `max_wait`.
 //! - `sweeper`: flushes groups whose due time has passed (the flush script
 //!   holds a group below `min_items` instead).
 //! - `subscribers`: live subscriptions (shard tails fanned out to subscribers)
@@ -56,6 +60,7 @@ pub mod json;
 pub mod keys;
 pub mod metrics;
 pub mod policy;
+pub mod policy_store;
 pub mod scripts;
 pub mod server;
 pub mod service;

@@ -41,15 +41,18 @@ pub enum Function {
     Group,
     /// Reads which groups of a shard are due.
     Due,
+    /// Brings one open group under a shorter `max_wait`.
+    Retime,
 }
 
 impl Function {
-    const ALL: [(Function, &'static str); 5] = [
+    const ALL: [(Function, &'static str); 6] = [
         (Function::Add, "add"),
         (Function::Flush, "flush"),
         (Function::Remove, "remove"),
         (Function::Group, "group"),
         (Function::Due, "due"),
+        (Function::Retime, "retime"),
     ];
 
     /// Its name in Redis: `batcher_<verb>_<library hash>`.
@@ -99,6 +102,10 @@ pub static CLAIM_BATCHES: LazyLock<Script> =
 /// Acknowledges batches for a consumer group.
 pub static ACK_BATCHES: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/ack_batches.lua")));
+
+/// Changes the policy store: documents, revision and history in one step.
+pub static POLICY_UPDATE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/policy_update.lua")));
 
 /// Re-drives dead-lettered batches to their consumer group.
 pub static REDRIVE_BATCHES: LazyLock<Script> =

@@ -15,6 +15,7 @@ use crate::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedRedis};
 use crate::keys::Keyspace;
 use crate::pb::batcher_server::BatcherServer;
 use crate::policy::PolicyHandle;
+use crate::policy_store::PolicyStore;
 use crate::service::{BatcherService, Deadlines};
 use crate::store::{Endpoint, Password, RedisTarget, Store, StoreError, Timeouts, WaitReplicas};
 use crate::subscribers::Hub;
@@ -272,18 +273,35 @@ fn start_service(
         tracker,
         tasks.clone(),
     );
+    // With the policy store on, the file's tables only seed an empty store,
+    // and SIGHUP leaves the policies alone.
+    let policy_store = config.policy_store.enabled.then(|| {
+        let seeder = match &reload_from {
+            Some(path) => format!("config file {}", path.display()),
+            None => "config file".to_owned(),
+        };
+        let ps = PolicyStore::new(store.clone(), config, policies.clone(), &seeder);
+        let every = config.policy_store.check_every;
+        tracker.spawn(ps.clone().run(every, tasks.clone()));
+        ps
+    });
     if let Some(path) = reload_from {
-        let reload = reload_on_sighup(path, policies.clone(), edge.clone(), tasks.clone());
+        let file_policies = policy_store.is_none().then(|| policies.clone());
+        let reload = reload_on_sighup(path, file_policies, edge.clone(), tasks.clone());
         tracker.spawn(reload);
     }
-    BatcherService::new(
+    let service = BatcherService::new(
         store,
         policies,
         config.limits,
         config.subscriptions,
         sweeper,
         hub,
-    )
+    );
+    match policy_store {
+        Some(ps) => service.with_policy_store(ps),
+        None => service,
+    }
 }
 
 /// The gRPC routes: health (kept up to date by a task on `tracker`), server
@@ -414,7 +432,7 @@ async fn watch_health(
 /// certificates and tokens. A bad file is logged and what is in force stays.
 async fn reload_on_sighup(
     path: PathBuf,
-    policies: PolicyHandle,
+    policies: Option<PolicyHandle>,
     edge: Edge,
     shutdown: CancellationToken,
 ) {
@@ -433,7 +451,9 @@ async fn reload_on_sighup(
         }
         match Config::load(&path) {
             Ok(config) => {
-                policies.replace(config.policies());
+                if let Some(policies) = &policies {
+                    policies.replace(config.policies());
+                }
                 tls::reload(edge.tls.as_ref(), config.tls.as_ref());
                 edge.auth.reload(config.auth.as_ref());
                 tracing::info!(path = %path.display(), "config reloaded");

@@ -51,7 +51,7 @@ pub use self::error::ConfigError;
 pub use self::guard::{AuthConfig, HttpConfig, LogConfig, LogFormat, Role, TlsConfig, TokenConfig};
 pub use self::policy::{
     CutoffTimes, DEFAULT_DEADLINE_LEAD, DEFAULT_MIN_ITEMS, DEFAULT_TIMEZONE, KeyPolicy,
-    PolicyDefaults, TimeZoneName,
+    PolicyDefaults, PolicyStoreConfig, TimeZoneName,
 };
 pub use self::validate::Violation;
 use crate::policy::{Policies, Policy};
@@ -185,6 +185,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// The format of log lines.
     pub log: LogConfig,
+    /// Policies as shared live data in Redis instead of this file's tables.
+    pub policy_store: PolicyStoreConfig,
 }
 
 impl Default for Config {
@@ -203,6 +205,7 @@ impl Default for Config {
             auth: None,
             http: HttpConfig::default(),
             log: LogConfig::default(),
+            policy_store: PolicyStoreConfig::default(),
         }
     }
 }
@@ -485,5 +488,24 @@ impl Config {
             .map(|(pattern, table)| (pattern.clone(), table.over(&self.defaults).policy()))
             .collect();
         Policies::new(defaults, patterns)
+    }
+
+    /// This configuration with its policy tables replaced: `defaults` over
+    /// the built-in defaults (the fields it leaves unset keep theirs), and
+    /// `keys`. The policy rules the file's tables get are checked on them
+    /// (against this configuration's `[limits]`); the first broken one is
+    /// the error, with the path a file would have (`keys.<pattern>.<field>`).
+    pub fn with_policies(
+        &self,
+        defaults: &KeyPolicy,
+        keys: BTreeMap<String, KeyPolicy>,
+    ) -> Result<Config, Violation> {
+        let config = Config {
+            defaults: defaults.over(&PolicyDefaults::default()),
+            keys,
+            ..self.clone()
+        };
+        validate::policies(&config)?;
+        Ok(config)
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use jiff::civil::Time;
 use jiff::tz::TimeZone;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 
 use super::{DEFAULT_MAX_BYTES, DEFAULT_MAX_ITEMS, DEFAULT_MAX_WAIT};
 use crate::policy::{Cutoffs, Policy};
@@ -30,9 +30,20 @@ pub const DEFAULT_MIN_ITEMS: u32 = 0;
 
 /// `cutoffs`: local times of day ("HH:MM" or "HH:MM:SS"), checked when the
 /// file is read; never empty.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "Vec<String>")]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "Vec<String>", into = "Vec<String>")]
 pub struct CutoffTimes(Vec<Time>);
+
+impl From<CutoffTimes> for Vec<String> {
+    /// "HH:MM", or "HH:MM:SS" when the seconds are not 0.
+    fn from(times: CutoffTimes) -> Vec<String> {
+        let text = |t: &Time| match t.second() {
+            0 => format!("{:02}:{:02}", t.hour(), t.minute()),
+            s => format!("{:02}:{:02}:{s:02}", t.hour(), t.minute()),
+        };
+        times.0.iter().map(text).collect()
+    }
+}
 
 impl CutoffTimes {
     /// The times, in the order written.
@@ -85,6 +96,12 @@ impl Default for TimeZoneName {
             name: DEFAULT_TIMEZONE.to_owned(),
             tz: TimeZone::UTC,
         }
+    }
+}
+
+impl Serialize for TimeZoneName {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.name)
     }
 }
 
@@ -193,36 +210,75 @@ impl Default for Policy {
 
 /// One `[keys."pattern"]` table: the fields it sets override `[defaults]`
 /// for the keys it matches; the fields it leaves unset come from `[defaults]`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+/// It is also a document of the policy store, as JSON with the same field
+/// names and forms (durations as "4m", `max_bytes` in bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KeyPolicy {
     /// Overrides `[defaults] max_items` for matching keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_items: Option<NonZeroU32>,
     /// Overrides `[defaults] max_wait` for matching keys.
     #[serde(with = "humantime_serde")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_wait: Option<Duration>,
     /// Overrides `[defaults] max_bytes` for matching keys.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "bytes_as_u64"
+    )]
     pub max_bytes: Option<ByteSize>,
     /// Overrides `[defaults] max_idle` for matching keys.
     #[serde(with = "humantime_serde")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_idle: Option<Duration>,
     /// Replaces `[defaults] capacity` as a whole for matching keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity: Option<BTreeMap<String, u64>>,
     /// Overrides `[defaults] cutoffs` for matching keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cutoffs: Option<CutoffTimes>,
     /// Overrides `[defaults] timezone` for matching keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timezone: Option<TimeZoneName>,
     /// Overrides `[defaults] deadline_lead` for matching keys.
     #[serde(with = "humantime_serde")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline_lead: Option<Duration>,
     /// Overrides `[defaults] min_items` for matching keys (0: no minimum).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub min_items: Option<u32>,
     /// Overrides `[defaults] max_age` for matching keys.
     #[serde(with = "humantime_serde")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_age: Option<Duration>,
 }
 
+/// `max_bytes` as a number of bytes (bytesize writes a rounded text).
+fn bytes_as_u64<S: Serializer>(bytes: &Option<ByteSize>, serializer: S) -> Result<S::Ok, S::Error> {
+    match bytes {
+        Some(b) => serializer.serialize_u64(b.as_u64()),
+        None => serializer.serialize_none(),
+    }
+}
+
 impl KeyPolicy {
+    /// Every field of `d` set: the defaults as a document of the policy store.
+    pub fn complete(d: &PolicyDefaults) -> KeyPolicy {
+        KeyPolicy {
+            max_items: Some(d.max_items),
+            max_wait: Some(d.max_wait),
+            max_bytes: d.max_bytes,
+            max_idle: d.max_idle,
+            capacity: Some(d.capacity.clone()),
+            cutoffs: d.cutoffs.clone(),
+            timezone: Some(d.timezone.clone()),
+            deadline_lead: Some(d.deadline_lead),
+            min_items: Some(d.min_items),
+            max_age: d.max_age,
+        }
+    }
+
     /// This table's fields over `defaults`: the complete table its keys get.
     pub fn over(&self, defaults: &PolicyDefaults) -> PolicyDefaults {
         let d = defaults;
@@ -237,6 +293,40 @@ impl KeyPolicy {
             deadline_lead: self.deadline_lead.unwrap_or(d.deadline_lead),
             min_items: self.min_items.unwrap_or(d.min_items),
             max_age: self.max_age.or(d.max_age),
+        }
+    }
+}
+
+/// `[policy_store]`: policies as shared live data in Redis. Off by default:
+/// then the file's `[defaults]` and `[keys."..."]` are the policies, and
+/// SIGHUP reloads them. On, the store is the one truth for every instance;
+/// the file's tables only seed an empty store at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyStoreConfig {
+    /// Keep the policies in Redis, shared by every instance.
+    pub enabled: bool,
+    /// How often each instance checks the store's revision: the bound on how
+    /// long a change takes to be in force everywhere.
+    #[serde(with = "humantime_serde")]
+    pub check_every: Duration,
+    /// How many revisions the audit history keeps.
+    pub history: std::num::NonZeroUsize,
+}
+
+/// Default `[policy_store] check_every`.
+pub const DEFAULT_POLICY_CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// Default `[policy_store] history`.
+pub const DEFAULT_POLICY_HISTORY: std::num::NonZeroUsize =
+    std::num::NonZeroUsize::new(10_000).expect("not 0");
+
+impl Default for PolicyStoreConfig {
+    fn default() -> Self {
+        PolicyStoreConfig {
+            enabled: false,
+            check_every: DEFAULT_POLICY_CHECK_EVERY,
+            history: DEFAULT_POLICY_HISTORY,
         }
     }
 }

@@ -245,6 +245,7 @@ fn durations(c: &Config) -> Result<(), Violation> {
         ("subscriptions", "retention", s.retention),
         ("subscriptions", "ack_timeout", s.ack_timeout),
         ("subscriptions", "trim_every", s.trim_every),
+        ("policy_store", "check_every", c.policy_store.check_every),
     ] {
         ensure(!value.is_zero(), &[table], field, || {
             "must be greater than 0".to_owned()
@@ -256,7 +257,7 @@ fn durations(c: &Config) -> Result<(), Violation> {
 /// `[defaults]` and every `[keys."..."]` table, and the patterns themselves.
 /// Each table's own fields are checked, then the rules between fields on
 /// the table as its keys get it, merged over `[defaults]`.
-fn policies(c: &Config) -> Result<(), Violation> {
+pub(super) fn policies(c: &Config) -> Result<(), Violation> {
     let d = &c.defaults;
     let defaults = PolicyFields {
         max_items: Some(d.max_items),

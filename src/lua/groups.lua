@@ -154,4 +154,33 @@ local function due_scan(keys, args)
   return out
 end
 
-return { add = add, flush = flush, remove = remove, group = group, due = due_scan }
+-- retime: brings one open group under a shorter max_wait, after a policy
+-- change: it is due no later than opened + the new max_wait, so nothing
+-- waits past the new window. A longer max_wait changes nothing (it applies
+-- to groups opened after the change).
+--
+-- KEYS[1]: the shard's due set   KEYS[2]: the group's hash
+-- ARGV[1]: the group's key   ARGV[2]: the new max_wait (ms)
+-- Returns: the group's due time now, or 0 when it is not open
+local function retime(keys, args)
+  local key, wait = args[1], tonumber(args[2])
+  local got = call('HMGET', keys[2], FIELD.opened, FIELD.rules)
+  local due = call('ZSCORE', keys[1], key)
+  if not (got[1] and due) then return 0 end
+  local latest = tonumber(got[1]) + wait
+  due = tonumber(due)
+  if got[2] then
+    local r = read_rules(got[2])
+    if r.max_wait > wait then
+      r.max_wait = wait
+      if r.due > latest then r.due = latest end
+      call('HSET', keys[2], FIELD.rules, rules_field(r))
+    end
+  end
+  if due <= latest then return due end
+  call('ZADD', keys[1], latest, key)
+  return latest
+end
+
+return { add = add, flush = flush, remove = remove, group = group, due = due_scan,
+  retime = retime }

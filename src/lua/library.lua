@@ -17,6 +17,7 @@ end
 redis.register_function('batcher_add_' .. VERSION, entry('add'))
 redis.register_function('batcher_flush_' .. VERSION, entry('flush'))
 redis.register_function('batcher_remove_' .. VERSION, entry('remove'))
+redis.register_function('batcher_retime_' .. VERSION, entry('retime'))
 redis.register_function { function_name = 'batcher_group_' .. VERSION, callback = entry('group'),
   flags = { 'no-writes' } }
 redis.register_function { function_name = 'batcher_due_' .. VERSION, callback = entry('due'),

@@ -207,6 +207,16 @@ impl Policies {
         self.glob_for(key).map(|(glob, _)| glob.pattern.as_str())
     }
 
+    /// The complete policy of one pattern (an exact key or a glob), if
+    /// the table has it.
+    pub fn policy_of_pattern(&self, pattern: &str) -> Option<&Policy> {
+        if pattern.contains('*') {
+            let glob = self.globs.iter().find(|(g, _)| g.pattern == pattern);
+            return glob.map(|(_, policy)| policy);
+        }
+        self.exact.get(pattern)
+    }
+
     /// The policy of keys no pattern matches.
     pub fn defaults(&self) -> Policy {
         self.defaults.clone()

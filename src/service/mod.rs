@@ -8,6 +8,7 @@ mod checks;
 pub mod codec;
 mod convert;
 mod deadline;
+mod policies;
 mod requeue;
 
 use std::collections::HashSet;
@@ -32,7 +33,8 @@ use crate::batch::{self, FlushReason, Group};
 use crate::config::{Limits, SubscriptionsConfig};
 use crate::error::{Error, invalid};
 use crate::pb;
-use crate::policy::PolicyHandle;
+use crate::policy::{Policies, PolicyHandle};
+use crate::policy_store::PolicyStore;
 use crate::store::{Deadline, NewItem, Store, StoreError};
 use crate::subscribers::{Cursor, Delivery, Durable, Filter, Hub};
 use crate::sweeper::SweeperHandle;
@@ -55,6 +57,8 @@ pub struct BatcherService {
     /// One permit per subscription this instance may still serve (`[limits]
     /// max_subscribers`); each stream holds one until it is dropped.
     subscribers: Arc<Semaphore>,
+    /// The policy store, when `[policy_store]` is on.
+    policy_store: Option<PolicyStore>,
 }
 
 /// Longest consumer group or consumer name.
@@ -77,7 +81,35 @@ impl BatcherService {
             sweeper,
             hub,
             subscribers: Arc::new(Semaphore::new(limits.max_subscribers.get())),
+            policy_store: None,
         }
+    }
+
+    /// This service with its policies from `store`.
+    pub fn with_policy_store(self, store: PolicyStore) -> Self {
+        BatcherService {
+            policy_store: Some(store),
+            ..self
+        }
+    }
+
+    /// UNAVAILABLE while the policy store (when on) has not been loaded:
+    /// no add is judged by policies other than the store's.
+    fn policies_loaded(&self) -> Result<(), Error> {
+        self.policy_store
+            .as_ref()
+            .map_or(Ok(()), PolicyStore::check_loaded)
+    }
+
+    /// The policy store, or FAILED_PRECONDITION when it is off.
+    fn policy_store(&self) -> Result<&PolicyStore, Error> {
+        self.policy_store.as_ref().ok_or_else(|| {
+            Error::refused(
+                Code::FailedPrecondition,
+                "POLICY_STORE_OFF",
+                "policies come from the config file: turn [policy_store] enabled on to manage them over the API",
+            )
+        })
     }
 
     /// A subscription slot, held by the stream until it ends, or
@@ -134,9 +166,16 @@ impl BatcherService {
         Ok(defined)
     }
 
-    /// Validates one add and resolves its key's policy. `field` prefixes the
-    /// names in error messages (`items[3].` in AddMany).
-    fn new_item(&self, field: &str, req: pb::AddRequest) -> Result<NewItem, Error> {
+    /// Validates one add and resolves its key's policy in `table` (one
+    /// table per call, so a call is judged by one revision of the
+    /// policies). `field` prefixes the names in error messages (`items[3].`
+    /// in AddMany).
+    fn new_item(
+        &self,
+        table: &Policies,
+        field: &str,
+        req: pb::AddRequest,
+    ) -> Result<NewItem, Error> {
         self.check_key(&format!("{field}key"), &req.key)?;
         let item = req
             .item
@@ -147,7 +186,7 @@ impl BatcherService {
             item.payload.len(),
             self.limits.max_payload_bytes,
         )?;
-        let policy = self.policies.current().resolve(&req.key);
+        let policy = table.resolve(&req.key);
         let measures = checks::measures(&format!("{field}item.measures"), item.measures, &policy)?;
         let deadline_ms = item
             .deadline
@@ -208,8 +247,10 @@ impl pb::batcher_server::Batcher for BatcherService {
         request: Request<pb::AddRequest>,
     ) -> Result<Response<pb::AddResponse>, Status> {
         Caller::of(&request).check_key(&request.get_ref().key)?;
+        self.policies_loaded()?;
         let deadline = request.extensions().get::<Deadline>().copied();
-        let item = self.new_item("", request.into_inner())?;
+        let table = self.policies.current();
+        let item = self.new_item(&table, "", request.into_inner())?;
         let mut results = self.add_items(vec![item], deadline).await?;
         Ok(Response::new(results.pop().unwrap_or_default()))
     }
@@ -234,11 +275,13 @@ impl pb::batcher_server::Batcher for BatcherService {
         }
         // Every key in scope, or nothing is written.
         caller.check_keys(requests.iter().map(|r| r.key.as_str()))?;
+        self.policies_loaded()?;
         // Validate everything before writing anything, and name every bad item.
+        let table = self.policies.current();
         let mut items = Vec::with_capacity(requests.len());
         let mut violations = Vec::new();
         for (i, req) in requests.into_iter().enumerate() {
-            match self.new_item(&format!("items[{i}]."), req) {
+            match self.new_item(&table, &format!("items[{i}]."), req) {
                 Ok(item) => items.push(item),
                 Err(Error::InvalidArgument(bad)) => violations.extend(bad),
                 Err(err) => return Err(err.into()),
@@ -441,5 +484,49 @@ impl pb::batcher_server::Batcher for BatcherService {
             requeued,
             group_size,
         }))
+    }
+
+    async fn get_policy(
+        &self,
+        request: Request<pb::GetPolicyRequest>,
+    ) -> Result<Response<pb::Policy>, Status> {
+        Ok(Response::new(self.get_policy_body(request).await?))
+    }
+
+    async fn list_policies(
+        &self,
+        request: Request<pb::ListPoliciesRequest>,
+    ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
+        Ok(Response::new(self.list_policies_body(request).await?))
+    }
+
+    async fn update_policy(
+        &self,
+        request: Request<pb::UpdatePolicyRequest>,
+    ) -> Result<Response<pb::Policy>, Status> {
+        Ok(Response::new(self.update_policy_body(request).await?))
+    }
+
+    async fn delete_policy(
+        &self,
+        request: Request<pb::DeletePolicyRequest>,
+    ) -> Result<Response<pb::DeletePolicyResponse>, Status> {
+        Ok(Response::new(self.delete_policy_body(request).await?))
+    }
+
+    async fn import_policies(
+        &self,
+        request: Request<pb::ImportPoliciesRequest>,
+    ) -> Result<Response<pb::ImportPoliciesResponse>, Status> {
+        Ok(Response::new(self.import_policies_body(request).await?))
+    }
+
+    async fn list_policy_revisions(
+        &self,
+        request: Request<pb::ListPolicyRevisionsRequest>,
+    ) -> Result<Response<pb::ListPolicyRevisionsResponse>, Status> {
+        Ok(Response::new(
+            self.list_policy_revisions_body(request).await?,
+        ))
     }
 }

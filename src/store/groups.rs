@@ -1,6 +1,8 @@
 //! Open groups: removing an item, flushing (by hand or by timeout), the
 //! sweeper's due scan, and reading one group or a page of them.
 
+use std::time::Duration;
+
 use futures::future::try_join_all;
 
 use super::conn::Code;
@@ -236,5 +238,37 @@ impl Store {
             }
         }
         Ok((found, None))
+    }
+
+    /// The keys of one shard's open groups, a page at a time: pass the
+    /// cursor returned (0 at first); 0 back means the scan is done. A key
+    /// may come twice.
+    pub async fn open_keys(&self, shard: u16, cursor: u64) -> Result<(u64, Vec<String>)> {
+        let due_key = self.keys.shard(shard).due;
+        let mut conn = self.conn.clone();
+        let (next, flat): (u64, Vec<String>) = redis::cmd("ZSCAN")
+            .arg(&due_key)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        Ok((next, flat.into_iter().step_by(2).collect()))
+    }
+
+    /// Brings `key`'s open group under a shorter `max_wait`: it is due no
+    /// later than its opening plus `max_wait`. Returns its due time (ms),
+    /// 0 when no group is open.
+    pub async fn retime(&self, key: &str, max_wait: Duration) -> Result<u64> {
+        let shard = self.keys.shard_of(key);
+        self.run_script(
+            Code::Function(Function::Retime),
+            &[&self.keys.shard(shard).due, &self.keys.group(shard, key)],
+            vec![
+                key.as_bytes().to_vec(),
+                max_wait.as_millis().to_string().into_bytes(),
+            ],
+        )
+        .await
     }
 }

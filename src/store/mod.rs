@@ -20,6 +20,7 @@
 //! - `groups`: remove, flush, the due scan, and reading open groups.
 //! - `streams`: stream heads, reads (including blocking tails) and trimming.
 //! - `consumer_groups`: durable subscriptions' reads, claims, acks and dead letters.
+//! - `policies`: the policy store's documents, revision and history.
 //! - `stats`: the counts behind the metrics gauges (open groups, consumer backlogs).
 //! - `decode`: how replies become our types.
 
@@ -30,6 +31,7 @@ mod consumer_groups;
 mod decode;
 mod ext;
 mod groups;
+mod policies;
 mod stats;
 mod streams;
 
@@ -50,6 +52,7 @@ pub use conn::{Conn, Endpoint, Password, RedisTarget, Timeouts, WaitReplicas};
 pub use consumer_groups::DeadLetterPosition;
 pub use decode::DueScan;
 pub use groups::GroupPos;
+pub use policies::{BULK_CHANGE, PolicyChange, PolicyWrite, Revision, StoredPolicy, Written};
 pub use stats::ConsumerGroupStats;
 
 use add::{AddWriter, ShardQueue};

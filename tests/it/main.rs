@@ -27,6 +27,7 @@ mod overload;
 mod paging;
 mod policies;
 mod policy_scripts;
+mod policy_store;
 mod prefetch;
 mod python;
 mod redis_auth_tls;

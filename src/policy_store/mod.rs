@@ -1,0 +1,392 @@
+//! Policies as shared live data: the policy store in Redis, and this
+//! instance's copy of it, which the add path resolves keys against.
+//!
+//! The store holds one document per policy: `defaults` (its unset fields
+//! come from the built-in defaults) and `keys/<pattern>` (an exact key or a
+//! `*` glob; its unset fields come from `defaults`), each with the revision
+//! that last wrote it, which is its etag. Every change is one revision,
+//! written by one script that refuses it if the store moved on since the
+//! change was computed (see `store::policies`), and recorded in the history
+//! with who made it, why, and each field's old and new value.
+//!
+//! Each instance keeps every document in memory. A task checks the store's
+//! revision every `[policy_store] check_every` and replays the revisions it
+//! has not seen from the history (or loads every document again when the
+//! history no longer reaches back, or holds a bulk change), then swaps the
+//! whole policy table in at once: an add is judged by one revision, never
+//! part of one. A change made here is in force here before its call
+//! returns, and everywhere within `check_every` plus one read.
+//!
+//! `changes` holds the change logic (update masks, etags, the checks a file's
+//! tables get, the field changes the history records); `retime` brings open
+//! groups under a changed policy.
+
+mod changes;
+mod retime;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+pub use self::changes::{Action, Change, Changed, FIELDS, check_name, not_found};
+use crate::config::{Config, KeyPolicy};
+use crate::error::Error;
+use crate::policy::{Policies, PolicyHandle};
+use crate::store::{Revision, Store, StoredPolicy};
+
+/// The name of the defaults' document.
+pub const DEFAULTS: &str = "defaults";
+/// The start of every key pattern's document name.
+pub const KEYS: &str = "keys/";
+
+/// How many history entries one read replays.
+const REPLAY_CHUNK: usize = 1000;
+
+/// The policy store and this instance's copy of it; cheap to clone.
+#[derive(Clone)]
+pub struct PolicyStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    /// The configuration whose `[limits]` every policy is checked against.
+    base: Config,
+    /// The table the add path reads.
+    handle: PolicyHandle,
+    /// Whether the store was loaded and its policies put in force.
+    loaded: AtomicBool,
+    /// Who the history names for the seeding from the config file.
+    seeder: String,
+    /// This instance's copy, behind a lock that changes made here and the
+    /// checking task take in turn.
+    copy: Mutex<Snapshot>,
+}
+
+/// Every document, as of one revision.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// The store's revision this copy is at.
+    pub revision: u64,
+    /// Every document, by name.
+    pub docs: BTreeMap<String, StoredPolicy>,
+}
+
+impl Snapshot {
+    /// The defaults' fields (none set when there is no `defaults` document).
+    fn defaults(&self) -> KeyPolicy {
+        self.docs
+            .get(DEFAULTS)
+            .map(|d| d.policy.clone())
+            .unwrap_or_default()
+    }
+
+    /// Every key pattern's fields, by pattern.
+    fn patterns(&self) -> BTreeMap<String, KeyPolicy> {
+        self.docs
+            .iter()
+            .filter_map(|(name, doc)| {
+                Some((name.strip_prefix(KEYS)?.to_owned(), doc.policy.clone()))
+            })
+            .collect()
+    }
+}
+
+impl PolicyStore {
+    /// The policy store for `config`, putting its policies in force in
+    /// `handle` once [`PolicyStore::run`] has loaded it. `who` names the
+    /// seeding of an empty store from `config`'s tables in the history.
+    pub fn new(store: Store, config: &Config, handle: PolicyHandle, who: &str) -> PolicyStore {
+        PolicyStore {
+            inner: Arc::new(Inner {
+                store,
+                base: config.clone(),
+                handle,
+                copy: Mutex::new(Snapshot::default()),
+                loaded: AtomicBool::new(false),
+                seeder: who.to_owned(),
+            }),
+        }
+    }
+
+    /// Whether the store has been loaded and its policies are in force;
+    /// until then, adds are refused UNAVAILABLE.
+    pub fn check_loaded(&self) -> Result<(), Error> {
+        if self.inner.loaded.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(Error::refused(
+            Code::Unavailable,
+            "POLICIES_NOT_LOADED",
+            "the policy store has not been read yet (is Redis reachable?); retry later",
+        ))
+    }
+
+    /// Loads the store and puts its policies in force. An empty store (one
+    /// that never took a change) is first seeded from the config file's
+    /// `[defaults]` and `[keys."..."]`, as one revision.
+    async fn load_first(&self) -> Result<(), Error> {
+        let mut copy = self.inner.copy.lock().await;
+        self.catch_up(&mut copy).await?;
+        if copy.revision == 0 {
+            drop(copy);
+            self.seed().await?;
+        } else {
+            self.put_in_force(&copy)?;
+        }
+        self.inner.loaded.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes the file's tables into the empty store; if another instance
+    /// seeded it first, its revision stands.
+    async fn seed(&self) -> Result<(), Error> {
+        let (config, who) = (&self.inner.base, self.inner.seeder.as_str());
+        let mut changes = vec![Change::set(DEFAULTS, KeyPolicy::complete(&config.defaults))];
+        for (pattern, table) in &config.keys {
+            changes.push(Change::set(&format!("{KEYS}{pattern}"), table.clone()));
+        }
+        let reason = "seeded from the config file";
+        match self.change(changes, who, reason, Some(0)).await {
+            Ok(_) => Ok(()),
+            Err(Error::Refused {
+                reason: "STORE_MOVED",
+                ..
+            }) => {
+                let mut copy = self.inner.copy.lock().await;
+                self.catch_up(&mut copy).await?;
+                self.put_in_force(&copy)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Loads the store (trying again every `every` while it cannot), then
+    /// checks it every `every` and puts new revisions in force, until
+    /// `shutdown`; a failed check is logged and tried again.
+    pub async fn run(self, every: Duration, shutdown: CancellationToken) {
+        let started = std::time::Instant::now();
+        let mut failing = false;
+        while let Err(err) = self.load_first().await {
+            if !failing {
+                tracing::warn!(%err, "cannot load the policy store; adds wait for it");
+            }
+            failing = true;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+        let policies = self.inner.copy.lock().await.docs.len();
+        tracing::info!(policies, took = ?started.elapsed(), "policy store loaded");
+        failing = false;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let result = self.refresh().await;
+            match (&result, failing) {
+                (Err(err), false) => tracing::warn!(%err, "cannot read the policy store"),
+                (Ok(_), true) => tracing::info!("the policy store answers again"),
+                _ => {}
+            }
+            failing = result.is_err();
+        }
+    }
+
+    /// Brings this instance's copy up to the store's revision and puts it
+    /// in force; returns the revision in force.
+    pub async fn refresh(&self) -> Result<u64, Error> {
+        let mut copy = self.inner.copy.lock().await;
+        let before = copy.clone();
+        if self.catch_up(&mut copy).await?
+            && let Some(follow) = self.apply(&before, &copy)?
+        {
+            tokio::spawn(follow);
+        }
+        Ok(copy.revision)
+    }
+
+    /// A copy of every document as of the store's revision now.
+    pub async fn snapshot(&self) -> Result<Snapshot, Error> {
+        self.refresh().await?;
+        Ok(self.inner.copy.lock().await.clone())
+    }
+
+    /// Revisions before `before` (all when `None`), newest first, at most
+    /// `count`, those touching `name` only when it is given.
+    pub async fn history(
+        &self,
+        name: Option<&str>,
+        before: Option<u64>,
+        count: usize,
+    ) -> Result<(Vec<Revision>, Option<u64>), Error> {
+        let store = &self.inner.store;
+        let mut found = Vec::new();
+        let mut before = before;
+        loop {
+            let page = store.policy_history_before(before, REPLAY_CHUNK).await?;
+            let Some(last) = page.last() else {
+                return Ok((found, None));
+            };
+            before = Some(last.revision);
+            let full = page.len() == REPLAY_CHUNK;
+            for rev in page {
+                let touches = name.is_none_or(|n| rev.changes.iter().any(|c| c.name == n));
+                if touches && found.len() == count {
+                    let next = found.last().map(|r: &Revision| r.revision);
+                    return Ok((found, next));
+                }
+                if touches {
+                    found.push(rev);
+                }
+            }
+            if !full {
+                return Ok((found, None));
+            }
+        }
+    }
+
+    /// Makes `changes` as one revision by `who`, for `reason`, and puts it
+    /// in force here before returning. With `expect`, only if the store is
+    /// at that revision (STORE_MOVED otherwise).
+    pub async fn change(
+        &self,
+        changes: Vec<Change>,
+        who: &str,
+        reason: &str,
+        expect: Option<u64>,
+    ) -> Result<Changed, Error> {
+        let mut copy = self.inner.copy.lock().await;
+        // Another instance may write between our read and our write; the
+        // script then refuses ours, and we compute it again on the new state.
+        for _ in 0..8 {
+            let before = copy.clone();
+            if self.catch_up(&mut copy).await?
+                && let Some(follow) = self.apply(&before, &copy)?
+            {
+                tokio::spawn(follow);
+            }
+            if expect.is_some_and(|e| e != copy.revision) {
+                return Err(changes::store_moved(copy.revision));
+            }
+            let plan = changes::plan(&self.inner.base, &copy, &changes)?;
+            let keep = self.inner.base.policy_store.history.get();
+            let written = self
+                .inner
+                .store
+                .write_policies(copy.revision, who, reason, keep, &plan.writes)
+                .await?;
+            if let crate::store::Written::At { revision, .. } = written {
+                let before = copy.clone();
+                self.catch_up(&mut copy).await?;
+                let follow = self.apply(&before, &copy)?;
+                let changed = plan.changed(revision, &copy);
+                drop(copy);
+                // The groups follow before the call returns, here.
+                if let Some(follow) = follow {
+                    follow.await;
+                }
+                return Ok(changed);
+            }
+        }
+        Err(changes::store_moved(copy.revision))
+    }
+
+    /// Brings `copy` up to the store's revision; says whether it changed.
+    async fn catch_up(&self, copy: &mut Snapshot) -> Result<bool, Error> {
+        let store = &self.inner.store;
+        let revision = store.policy_revision().await?;
+        if revision == copy.revision {
+            return Ok(false);
+        }
+        if revision < copy.revision || !self.replay(copy).await? {
+            self.load(copy).await?;
+        }
+        Ok(true)
+    }
+
+    /// Replays the history after `copy.revision` onto `copy`; false when it
+    /// cannot (the history no longer reaches back, or holds a bulk change).
+    async fn replay(&self, copy: &mut Snapshot) -> Result<bool, Error> {
+        loop {
+            let page = self
+                .inner
+                .store
+                .policy_history_after(copy.revision, REPLAY_CHUNK)
+                .await?;
+            for rev in &page {
+                if rev.revision != copy.revision + 1 || rev.bulk.is_some() {
+                    return Ok(false);
+                }
+                for change in &rev.changes {
+                    match &change.doc {
+                        Some(doc) => copy.docs.insert(change.name.clone(), doc.clone()),
+                        None => copy.docs.remove(&change.name),
+                    };
+                }
+                copy.revision = rev.revision;
+            }
+            if page.len() < REPLAY_CHUNK {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Loads every document again: the revision, then the documents, then
+    /// the revisions made while they were read (documents are whole, so
+    /// replaying a revision the read already saw changes nothing).
+    async fn load(&self, copy: &mut Snapshot) -> Result<(), Error> {
+        let store = &self.inner.store;
+        for _ in 0..8 {
+            copy.revision = store.policy_revision().await?;
+            copy.docs = store.policy_docs().await?.into_iter().collect();
+            if self.replay(copy).await? {
+                return Ok(());
+            }
+        }
+        Err(changes::store_moved(copy.revision))
+    }
+
+    /// Puts `copy` in force (it was `before`), and returns the work that
+    /// brings open groups under it when it may shorten a `max_wait`.
+    fn apply(
+        &self,
+        before: &Snapshot,
+        copy: &Snapshot,
+    ) -> Result<Option<impl Future<Output = ()> + use<>>, Error> {
+        let old = self.inner.handle.current();
+        self.put_in_force(copy)?;
+        let new = self.inner.handle.current();
+        if !retime::may_shorten(&before.docs, &copy.docs, &old, &new) {
+            return Ok(None);
+        }
+        Ok(Some(retime::follow(self.inner.store.clone(), old, new)))
+    }
+
+    /// Swaps `copy`'s policies in for the add path, whole.
+    fn put_in_force(&self, copy: &Snapshot) -> Result<(), Error> {
+        let config = self
+            .inner
+            .base
+            .with_policies(&copy.defaults(), copy.patterns())
+            .map_err(|violation| {
+                tracing::error!(
+                    revision = copy.revision,
+                    %violation,
+                    "the policy store's revision breaks this instance's [limits]; keeping the policies in force"
+                );
+                changes::invalid_policy(&violation)
+            })?;
+        let policies: Policies = config.policies();
+        self.inner.handle.replace(policies);
+        tracing::debug!(revision = copy.revision, "policies in force");
+        Ok(())
+    }
+}

@@ -1,0 +1,97 @@
+//! Open groups follow a policy change. A shorter `max_wait` moves the due
+//! time of each open group it applies to earlier, so that none waits past
+//! its new window (the `retime` function, one atomic step per group); a
+//! longer one applies to groups opened after the change. Limits
+//! (`max_items`, `max_bytes`, capacity) need nothing here: every add and
+//! every flush is judged by the policy in force, so the next add to a group
+//! now over `max_items` cuts it, and its timeout flush cuts it too.
+//!
+//! Every instance does this for each change it takes in: the work is
+//! idempotent, and a change stays followed when the instance that made it
+//! stops right after.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::{DEFAULTS, KEYS};
+use crate::policy::Policies;
+use crate::store::{Store, StoredPolicy};
+
+/// Whether a change from `before` to `after` can shorten some key's
+/// `max_wait`: the defaults' or a changed pattern's window is shorter, or a
+/// pattern came or went (which moves keys between policies).
+pub(super) fn may_shorten(
+    before: &BTreeMap<String, StoredPolicy>,
+    after: &BTreeMap<String, StoredPolicy>,
+    old: &Policies,
+    new: &Policies,
+) -> bool {
+    if new.defaults().max_wait < old.defaults().max_wait {
+        return true;
+    }
+    let changed = |name: &String, doc: &StoredPolicy, other: &BTreeMap<_, StoredPolicy>| {
+        name != DEFAULTS && other.get(name).is_none_or(|o| o.revision != doc.revision)
+    };
+    let names = after
+        .iter()
+        .filter(|(name, doc)| changed(name, doc, before))
+        .chain(
+            before
+                .iter()
+                .filter(|(name, doc)| changed(name, doc, after)),
+        )
+        .map(|(name, _)| name);
+    for name in names {
+        let Some(pattern) = name.strip_prefix(KEYS) else {
+            continue;
+        };
+        let (was, now) = (before.get(name), after.get(name));
+        if was.is_none() || now.is_none() {
+            return true;
+        }
+        // An exact key resolves to its own policy; a glob's keys may
+        // resolve elsewhere, but its own window tells whether it shrank.
+        if new.policy_of_pattern(pattern).map(|p| p.max_wait)
+            < old.policy_of_pattern(pattern).map(|p| p.max_wait)
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// Moves every open group whose `max_wait` is shorter under `new` than
+/// under `old` to its new due time. Logs what fails; the next change, or
+/// another instance, tries again.
+pub(super) async fn follow(store: Store, old: Arc<Policies>, new: Arc<Policies>) {
+    let mut moved = 0u64;
+    for shard in 0..store.keyspace().shards() {
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = match store.open_keys(shard, cursor).await {
+                Ok(page) => page,
+                Err(err) => {
+                    tracing::warn!(%err, shard, "cannot list open groups to follow a policy change");
+                    break;
+                }
+            };
+            for key in keys {
+                let wait = new.resolve(&key).max_wait;
+                if wait >= old.resolve(&key).max_wait {
+                    continue;
+                }
+                match store.retime(&key, wait).await {
+                    Ok(_) => moved += 1,
+                    Err(err) => tracing::warn!(%err, key, "cannot move a group's due time"),
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    if moved > 0 {
+        tracing::info!(groups = moved, "open groups moved under a shorter max_wait");
+    }
+}

@@ -1,0 +1,427 @@
+//! Policies as shared live data ([policy_store]): a change made through one
+//! instance is in force on every instance within the bound, on one Redis and
+//! on a cluster; etags refuse stale changes; bad policies are refused whole;
+//! open groups follow a change; the history says who changed what and why;
+//! the file seeds an empty store once; roles and key scopes apply.
+
+use std::time::{Duration, Instant};
+
+use batcher::config::Config;
+use batcher::pb;
+use batcher::pb::batcher_client::BatcherClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::support::cluster::{self, shared};
+use crate::support::{
+    RedisServer, Service, add, assert_error_info, assert_invalid, eventually, next_batch,
+};
+
+/// The store on, checked every 100 ms, with `policies` as the file's tables.
+fn store_on(policies: &str) -> String {
+    format!("{policies}\n[policy_store]\nenabled = true\ncheck_every = \"100ms\"\n")
+}
+
+type Client = BatcherClient<Channel>;
+
+/// The policy named `name` (`defaults` or `keys/<pattern>`).
+async fn get(client: &mut Client, name: &str) -> pb::Policy {
+    let name = format!("policies/{name}");
+    let req = pb::GetPolicyRequest { name };
+    client.get_policy(req).await.unwrap().into_inner()
+}
+
+/// An update of `name`'s fields in `mask` to those of `policy`, with `etag`.
+fn update(name: &str, policy: pb::Policy, mask: &[&str], etag: &str) -> pb::UpdatePolicyRequest {
+    pb::UpdatePolicyRequest {
+        policy: Some(pb::Policy {
+            name: format!("policies/{name}"),
+            etag: etag.to_owned(),
+            ..policy
+        }),
+        update_mask: Some(prost_types::FieldMask {
+            paths: mask.iter().map(|p| (*p).to_owned()).collect(),
+        }),
+        reason: format!("test sets {}", mask.join(", ")),
+    }
+}
+
+fn secs(s: u64) -> Option<prost_types::Duration> {
+    Some(prost_types::Duration {
+        seconds: s as i64,
+        nanos: 0,
+    })
+}
+
+/// The max_items an instance applies to `key` now: GetGroup of an open
+/// group shows the policy in force (an item is added if none is open).
+async fn max_items_in_force(client: &mut Client, key: &str) -> u32 {
+    let req = pb::GetGroupRequest { key: key.into() };
+    if let Ok(resp) = client.get_group(req.clone()).await {
+        return resp.into_inner().group.unwrap().max_items;
+    }
+    client.add(add(key, "probe", b"")).await.unwrap();
+    let group = client.get_group(req).await.unwrap().into_inner().group;
+    group.unwrap().max_items
+}
+
+/// Three instances with `config`: a change through the first is in force
+/// on all three within 1 s, and a change with a stale etag is refused,
+/// writing nothing.
+async fn change_reaches_every_instance(config: Config) {
+    let services = [
+        Service::start(config.clone()).await,
+        Service::start(config.clone()).await,
+        Service::start(config).await,
+    ];
+    let mut clients = Vec::new();
+    for s in &services {
+        clients.push(s.client().await);
+    }
+    for client in &mut clients {
+        // Each has loaded the store (seeded once from the file): 10.
+        let ready = eventually("the store to load", || {
+            let mut c = client.clone();
+            async move { c.add(add("north", "probe", b"")).await.ok() }
+        });
+        ready.await;
+        assert_eq!(max_items_in_force(client, "north").await, 10);
+    }
+    let read = get(&mut clients[0], "keys/north").await;
+    let change = pb::Policy {
+        max_items: Some(25),
+        ..Default::default()
+    };
+    let req = update("keys/north", change, &["max_items"], &read.etag);
+    let changed = clients[0].update_policy(req).await.unwrap().into_inner();
+    assert_eq!(changed.max_items, Some(25));
+    assert!(changed.revision > read.revision);
+    let made = Instant::now();
+    for client in &mut clients {
+        while max_items_in_force(client, "north").await != 25 {
+            assert!(
+                made.elapsed() < Duration::from_secs(1),
+                "not in force within 1 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // A change based on the first read is refused on any instance.
+    let stale = update(
+        "keys/north",
+        pb::Policy::default(),
+        &["max_wait"],
+        &read.etag,
+    );
+    let status = clients[2].update_policy(stale).await.unwrap_err();
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert_error_info(&status, "ETAG_MISMATCH");
+    let now = get(&mut clients[1], "keys/north").await;
+    assert_eq!((now.revision, now.max_items), (changed.revision, Some(25)));
+    for s in services {
+        s.stop().await;
+    }
+}
+
+/// On one Redis, a change through one of three instances is in force on
+/// all within 1 s, and a stale etag is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_reaches_three_instances_and_a_stale_etag_is_refused() {
+    let redis = RedisServer::start();
+    let text = store_on("[keys.\"north\"]\nmax_items = 10\n");
+    change_reaches_every_instance(crate::support::config(&redis.url(), &text)).await;
+}
+
+/// On a Redis Cluster, the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_change_reaches_three_instances() {
+    let text = store_on("[keys.\"north\"]\nmax_items = 10\n");
+    let config = cluster::config(&shared().urls, "policy-store", &text, "");
+    change_reaches_every_instance(config).await;
+}
+
+/// One instance over a fresh Redis with the store on.
+async fn one(policies: &str) -> (RedisServer, Service, Client) {
+    let redis = RedisServer::start();
+    let config = crate::support::config(&redis.url(), &store_on(policies));
+    let service = Service::start(config).await;
+    let client = service.client().await;
+    let ready = eventually("the store to load", || {
+        let mut c = client.clone();
+        async move {
+            c.list_policies(pb::ListPoliciesRequest::default())
+                .await
+                .ok()
+        }
+    });
+    ready.await;
+    (redis, service, client)
+}
+
+/// A policy that breaks a rule the file's tables get is refused with
+/// INVALID_ARGUMENT naming the field, and nothing is written.
+#[tokio::test]
+async fn a_bad_policy_is_refused_naming_the_field() {
+    let (_redis, service, mut client) = one("").await;
+    let before = client
+        .list_policies(pb::ListPoliciesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let held = pb::Policy {
+        min_items: Some(5),
+        ..Default::default()
+    };
+    let status = client
+        .update_policy(update("keys/south-*", held, &[], ""))
+        .await
+        .unwrap_err();
+    assert_invalid(&status, "policy.min_items");
+    assert!(status.message().contains("needs max_age"), "{status:?}");
+    let zero = pb::Policy {
+        max_items: Some(0),
+        ..Default::default()
+    };
+    let status = client
+        .update_policy(update("keys/x", zero, &[], ""))
+        .await
+        .unwrap_err();
+    assert_invalid(&status, "policy.max_items");
+    let bad_name = update("areas/x", pb::Policy::default(), &[], "");
+    let status = client.update_policy(bad_name).await.unwrap_err();
+    assert_invalid(&status, "policy.name");
+    let mask = update("keys/x", pb::Policy::default(), &["max_item"], "");
+    assert_invalid(
+        &client.update_policy(mask).await.unwrap_err(),
+        "update_mask",
+    );
+    let after = client
+        .list_policies(pb::ListPoliciesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(after.revision, before.revision);
+    assert_eq!(after.policies, before.policies);
+    service.stop().await;
+}
+
+/// A shorter max_wait moves an open group's due time to its opening plus
+/// the new window, and the group flushes then; a longer one leaves open
+/// groups as they are and applies to groups opened after it.
+#[tokio::test]
+async fn open_groups_follow_a_shorter_max_wait_not_a_longer_one() {
+    let (_redis, service, mut client) = one("[defaults]\nmax_wait = \"10m\"\n").await;
+    let mut live = client
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    client.add(add("dock-1", "a", b"")).await.unwrap();
+    let group = |key: &str| pb::GetGroupRequest { key: key.into() };
+    let open = client
+        .get_group(group("dock-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    let open = open.group.unwrap();
+    let ms = |t: &Option<prost_types::Timestamp>| {
+        let t = t.unwrap();
+        t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
+    };
+    assert_eq!(ms(&open.due_at) - ms(&open.opened_at), 600_000);
+
+    let shorter = pb::Policy {
+        max_wait: secs(2),
+        ..Default::default()
+    };
+    client
+        .update_policy(update("defaults", shorter, &["max_wait"], ""))
+        .await
+        .unwrap();
+    // In force when the call returns: the group is due 2 s after it opened.
+    let moved = client
+        .get_group(group("dock-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    let moved = moved.group.unwrap();
+    assert_eq!(ms(&moved.due_at) - ms(&moved.opened_at), 2_000);
+    let batch = next_batch(&mut live).await;
+    assert_eq!(batch.key, "dock-1");
+    assert_eq!(batch.reason, pb::FlushReason::Timeout as i32);
+
+    client.add(add("dock-2", "b", b"")).await.unwrap();
+    let longer = pb::Policy {
+        max_wait: secs(3600),
+        ..Default::default()
+    };
+    client
+        .update_policy(update("defaults", longer, &["max_wait"], ""))
+        .await
+        .unwrap();
+    let kept = client
+        .get_group(group("dock-2"))
+        .await
+        .unwrap()
+        .into_inner();
+    let kept = kept.group.unwrap();
+    assert_eq!(ms(&kept.due_at) - ms(&kept.opened_at), 2_000);
+    client.add(add("dock-3", "c", b"")).await.unwrap();
+    let new = client
+        .get_group(group("dock-3"))
+        .await
+        .unwrap()
+        .into_inner();
+    let new = new.group.unwrap();
+    assert_eq!(ms(&new.due_at) - ms(&new.opened_at), 3_600_000);
+    service.stop().await;
+}
+
+/// Lowering max_items below an open group's size cuts the group at its
+/// next add, into batches of the new max_items.
+#[tokio::test]
+async fn lowering_max_items_cuts_an_open_group_at_its_next_add() {
+    let (_redis, service, mut client) = one("[defaults]\nmax_items = 10\n").await;
+    for id in ["a", "b", "c", "d", "e"] {
+        client.add(add("dock", id, b"")).await.unwrap();
+    }
+    let lower = pb::Policy {
+        max_items: Some(2),
+        ..Default::default()
+    };
+    client
+        .update_policy(update("defaults", lower, &["max_items"], ""))
+        .await
+        .unwrap();
+    let resp = client
+        .add(add("dock", "f", b""))
+        .await
+        .unwrap()
+        .into_inner();
+    let sizes: Vec<usize> = resp.batches.iter().map(|b| b.items.len()).collect();
+    assert_eq!(sizes, [2, 2, 2]);
+    let reasons = resp.batches.iter().map(|b| b.reason);
+    assert!(
+        reasons
+            .into_iter()
+            .all(|r| r == pb::FlushReason::Size as i32)
+    );
+    assert_eq!(resp.group_size, 0);
+    service.stop().await;
+}
+
+/// The history lists each revision newest first, with who made it, why,
+/// and each field's old and new value; filtered by policy, it lists only
+/// that policy's revisions.
+#[tokio::test]
+async fn the_history_says_who_changed_what_and_why() {
+    let (_redis, service, mut client) = one("[keys.\"north\"]\nmax_items = 10\n").await;
+    let change = pb::Policy {
+        max_items: Some(40),
+        max_wait: secs(7200),
+        ..Default::default()
+    };
+    let req = update("keys/north", change, &["max_items", "max_wait"], "");
+    client.update_policy(req).await.unwrap();
+    let other = update("keys/south", pb::Policy::default(), &[], "");
+    client.update_policy(other).await.unwrap();
+    let req = pb::ListPolicyRevisionsRequest {
+        name: "policies/keys/north".into(),
+        ..Default::default()
+    };
+    let history = client
+        .list_policy_revisions(req)
+        .await
+        .unwrap()
+        .into_inner();
+    let revs: Vec<u64> = history.revisions.iter().map(|r| r.revision).collect();
+    assert_eq!(revs, [2, 1], "the seed and the change");
+    let latest = &history.revisions[0];
+    assert!(latest.who.starts_with("peer 127.0.0.1:"), "{latest:?}");
+    assert_eq!(latest.reason, "test sets max_items, max_wait");
+    let change = &latest.changes[0];
+    assert_eq!(
+        (change.name.as_str(), change.action.as_str()),
+        ("policies/keys/north", "UPDATED")
+    );
+    let fields: Vec<_> = change
+        .fields
+        .iter()
+        .map(|f| (f.field.as_str(), f.old_value.as_str(), f.new_value.as_str()))
+        .collect();
+    assert_eq!(
+        fields,
+        [("max_items", "10", "40"), ("max_wait", "null", "\"2h\"")]
+    );
+    let seed = &history.revisions[1];
+    assert!(seed.who.starts_with("config file"), "{seed:?}");
+    let all = pb::ListPolicyRevisionsRequest {
+        page_size: 1,
+        ..Default::default()
+    };
+    let page = client
+        .list_policy_revisions(all)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.revisions[0].revision, 3);
+    assert_eq!(page.next_page_token, "3");
+    service.stop().await;
+}
+
+/// The file seeds an empty store once: a second instance whose file says
+/// otherwise finds the store's policies in force, not its file's.
+#[tokio::test]
+async fn the_file_seeds_an_empty_store_once() {
+    let redis = RedisServer::start();
+    let first = crate::support::config(&redis.url(), &store_on("[defaults]\nmax_items = 7\n"));
+    let a = Service::start(first).await;
+    let mut ca = a.client().await;
+    let seeded = eventually("the seed", || {
+        let mut c = ca.clone();
+        async move {
+            c.get_policy(pb::GetPolicyRequest {
+                name: "policies/defaults".into(),
+            })
+            .await
+            .ok()
+        }
+    });
+    assert_eq!(seeded.await.into_inner().max_items, Some(7));
+    let second = crate::support::config(&redis.url(), &store_on("[defaults]\nmax_items = 99\n"));
+    let b = Service::start(second).await;
+    let mut cb = b.client().await;
+    let in_force = eventually("the second instance to load", || {
+        let mut c = cb.clone();
+        async move {
+            c.add(add("k", "x", b"")).await.ok()?;
+            let req = pb::GetGroupRequest { key: "k".into() };
+            Some(c.get_group(req).await.ok()?.into_inner().group?.max_items)
+        }
+    });
+    assert_eq!(in_force.await, 7);
+    assert_eq!(max_items_in_force(&mut ca, "k").await, 7);
+    let history = cb
+        .list_policy_revisions(pb::ListPolicyRevisionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(history.revisions.len(), 1, "seeded once");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// With the store off, the policy methods fail FAILED_PRECONDITION.
+#[tokio::test]
+async fn with_the_store_off_the_policy_methods_say_so() {
+    let redis = RedisServer::start();
+    let service = Service::start(crate::support::config(&redis.url(), "")).await;
+    let mut client = service.client().await;
+    let status = client
+        .list_policies(pb::ListPoliciesRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_error_info(&status, "POLICY_STORE_OFF");
+    service.stop().await;
+}
