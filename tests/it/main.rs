@@ -23,6 +23,7 @@ mod flush_cut;
 mod format;
 mod layout;
 mod metrics;
+mod node;
 mod overload;
 mod paging;
 mod policies;
