@@ -45,6 +45,10 @@ pub enum CliError {
     /// Writing to stdout failed (a closed pipe ends the CLI quietly).
     #[error("cannot write the output: {0}")]
     Output(#[from] std::io::Error),
+    /// `policy diff --exit-code` found differences (it printed them; the
+    /// CLI exits 1 without a message).
+    #[error("differences found")]
+    Differences,
 }
 
 impl From<Status> for CliError {
@@ -76,7 +80,10 @@ impl CliError {
                     | Code::OutOfRange
                     | Code::Unimplemented
             ),
-            CliError::Input(_) | CliError::Config(_) | CliError::Output(_) => false,
+            CliError::Input(_)
+            | CliError::Config(_)
+            | CliError::Output(_)
+            | CliError::Differences => false,
         }
     }
 }

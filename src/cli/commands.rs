@@ -36,7 +36,9 @@ pub async fn run(command: Command) -> Result<(), CliError> {
             item_ids,
             remote,
         } => requeue(&remote, batch_id, item_ids).await,
-        Command::Tail(_) | Command::Config(_) => unreachable!("run by cli::run"),
+        Command::Tail(_) | Command::Config(_) | Command::Policy(_) => {
+            unreachable!("run by cli::run")
+        }
     }
 }
 
@@ -134,7 +136,7 @@ async fn list(args: ListArgs) -> Result<(), CliError> {
 }
 
 /// A list request, paged by `page_token` (AIP-158).
-trait Listing: Sized {
+pub(super) trait Listing: Sized {
     /// What a page lists.
     type Entry: prost::Name;
     /// This request for the page after `page_token`.
@@ -169,10 +171,17 @@ listing!(
     list_dead_letters,
     batches
 );
+listing!(pb::ListPoliciesRequest, pb::Policy, list_policies, policies);
+listing!(
+    pb::ListPolicyRevisionsRequest,
+    pb::PolicyRevision,
+    list_policy_revisions,
+    revisions
+);
 
 /// Prints the pages of `first` (from --page-token on, each as a table or as
 /// JSON lines) and returns how many entries they held.
-async fn paged<L: Listing>(
+pub(super) async fn paged<L: Listing>(
     remote: &Remote,
     pages: &Pages,
     command: &str,

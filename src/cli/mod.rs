@@ -5,16 +5,19 @@
 //! `config check` validates a config file offline, with `serve`'s errors.
 //!
 //! Exit codes: 0 on success, 1 on an error (the gRPC code and message go to
-//! stderr), 2 on a usage error (from clap).
+//! stderr) or on differences found by `policy diff --exit-code`, 2 on a
+//! usage error (from clap).
 //!
 //! - `client`: connecting (address, TLS, token) and describing errors.
 //! - `commands`: the one-shot commands.
 //! - `output`: tables, times and the JSON lines.
+//! - `policy`: `batcher policy ...`, the policy store's commands.
 //! - `tail`: the streaming `tail`, which reconnects on a dropped stream.
 
 mod client;
 mod commands;
 mod output;
+mod policy;
 mod tail;
 
 use std::path::PathBuf;
@@ -24,6 +27,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 
 pub use self::client::{Bearer, CliError, DEFAULT_ADDR};
+pub use self::policy::PolicyCommand;
 
 /// The client subcommands, flattened into the binary's `Command` beside `serve`.
 #[derive(Subcommand, Debug)]
@@ -83,6 +87,10 @@ pub enum Command {
     /// Work with config files.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Read and change the policy store ([policy_store] enabled): get,
+    /// list, set, delete, history, and import or diff a config file.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
 }
 
 /// `batcher config ...`.
@@ -220,10 +228,13 @@ pub async fn run(command: Command) -> ExitCode {
     let result = match command {
         Command::Tail(args) => tail::run(args).await,
         Command::Config(ConfigCommand::Check { file }) => commands::config_check(&file),
+        Command::Policy(command) => policy::run(command).await,
         command => commands::run(command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `policy diff --exit-code`: the differences are on stdout already.
+        Err(CliError::Differences) => ExitCode::FAILURE,
         // `batcher list | head`: the reader has gone, which is no error.
         Err(CliError::Output(err)) if err.kind() == std::io::ErrorKind::BrokenPipe => {
             ExitCode::SUCCESS

@@ -13,6 +13,7 @@ mod support;
 mod api;
 mod auth;
 mod cli;
+mod cli_policy;
 mod cli_tail;
 mod cluster;
 mod cluster_faults;
