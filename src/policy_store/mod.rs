@@ -73,8 +73,9 @@ struct Inner {
 pub struct Snapshot {
     /// The store's revision this copy is at.
     pub revision: u64,
-    /// Every document, by name.
-    pub docs: BTreeMap<String, StoredPolicy>,
+    /// Every document, by name; shared, so that a copy costs nothing
+    /// until one side changes.
+    pub docs: Arc<BTreeMap<String, StoredPolicy>>,
 }
 
 impl Snapshot {
@@ -325,10 +326,11 @@ impl PolicyStore {
                 if rev.revision != copy.revision + 1 || rev.bulk.is_some() {
                     return Ok(false);
                 }
+                let docs = Arc::make_mut(&mut copy.docs);
                 for change in &rev.changes {
                     match &change.doc {
-                        Some(doc) => copy.docs.insert(change.name.clone(), doc.clone()),
-                        None => copy.docs.remove(&change.name),
+                        Some(doc) => docs.insert(change.name.clone(), doc.clone()),
+                        None => docs.remove(&change.name),
                     };
                 }
                 copy.revision = rev.revision;
@@ -346,7 +348,7 @@ impl PolicyStore {
         let store = &self.inner.store;
         for _ in 0..8 {
             copy.revision = store.policy_revision().await?;
-            copy.docs = store.policy_docs().await?.into_iter().collect();
+            copy.docs = Arc::new(store.policy_docs().await?.into_iter().collect());
             if self.replay(copy).await? {
                 return Ok(());
             }
