@@ -176,6 +176,15 @@
 //!     in the window − the idle rate × the window). At one caller it must
 //!     be 1.0; a sweeper woken by adds scans a little more often under
 //!     load, so more callers' figures err low, if anything. No target.
+//! 13. **The policy store at postcode scale** (`policy_store.rs`), over an
+//!     emptied Redis with `[policy_store]` on and 100k exact areas plus 100
+//!     globs (quick: 10k): start-up from spawn to the first accepted add
+//!     (target ≤ 2 s, row 13a); a change made through one of 3 instances
+//!     until each applies it, 1,000 changes (quick: 30), p99 target ≤ 1 s
+//!     (13b); Redis and service memory per area (13c, reference); and the
+//!     policy lookup per add, big table vs the bench's own patterns,
+//!     target at most 600 ns more (3% of 20 µs; 13d). Only with the
+//!     bench's own Redis and service.
 
 mod calls;
 mod charts;
@@ -189,6 +198,7 @@ mod load;
 mod method;
 mod overload;
 mod policies;
+mod policy_store;
 mod precision;
 mod procs;
 mod remembered;

@@ -10,8 +10,8 @@ use super::report::{Results, Row, Verdict};
 use super::scenarios::{Sizes, Target};
 use super::service::Env;
 use super::{
-    calls, cluster, cluster_report, fanout, ingest, overload, policies, precision, remembered,
-    reports, scale,
+    calls, cluster, cluster_report, fanout, ingest, overload, policies, policy_store, precision,
+    remembered, reports, scale,
 };
 
 /// How a scenario runs: set up, under a time limit, and a NOT RUN row
@@ -74,6 +74,7 @@ pub async fn run_all(results: &mut Results, env: &mut Env, sizes: &Sizes, run: &
     run_overload(results, env, sizes, run).await;
     run_policy_cost(results, env, sizes, run).await;
     run_adds_per_call(results, env, sizes, run, quick).await;
+    run_policy_store(results, env, quick).await;
     env.service = None;
     run_cluster(results, env, sizes, run, single.as_ref()).await;
 }
@@ -213,6 +214,30 @@ async fn run_remembered(results: &mut Results, env: &mut Env, sizes: &Sizes, run
         {
             reports::remembered(results, name, &r);
         }
+    }
+}
+
+/// Scenario 13, on an emptied Redis: the policy store at postcode scale.
+async fn run_policy_store(results: &mut Results, env: &mut Env, quick: bool) {
+    let name = "13. policy store at postcode scale";
+    if !results.wants("13") {
+        return;
+    }
+    if env.redis.is_none() || !env.runs_service() {
+        let why = "13. Policy store: not run with --redis-url or --service (it starts services of its own over an emptied Redis).";
+        results.notes.push(why.into());
+        return;
+    }
+    if let Err(e) = env.empty().await {
+        results.not_run(name, &e);
+        return;
+    }
+    let future = policy_store::run(&env.redis_url, &env.config_text, quick);
+    if let Some(r) = results
+        .attempt(name, Duration::from_secs(600), future)
+        .await
+    {
+        policy_store::report(results, &r);
     }
 }
 

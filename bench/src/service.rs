@@ -166,6 +166,17 @@ impl Env {
         Ok(target)
     }
 
+    /// Stops the service and empties the bench's own Redis, for a scenario
+    /// that starts services of its own; refused with an external Redis or
+    /// service.
+    pub async fn empty(&mut self) -> Result<(), String> {
+        if self.redis.is_none() || self.external_service.is_some() {
+            return Err("needs the bench's own Redis and service".into());
+        }
+        self.service = None;
+        self.flush().await
+    }
+
     /// FLUSHALL of the bench's own Redis; an external one is never flushed.
     async fn flush(&self) -> Result<(), String> {
         if self.redis.is_none() {
