@@ -27,6 +27,7 @@
 //! `{"error": {"code", "status", "message", "details"}}`.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
@@ -38,6 +39,7 @@ use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpConnectInfo;
 use tonic::{Code, Status};
 
 use crate::auth::Auth;
@@ -47,8 +49,9 @@ use crate::pb;
 use crate::pb::batcher_server::Batcher;
 use crate::service::BatcherService;
 
-/// The method whose role every API call needs: `read` (ListGroups's). The
-/// feed of batches is reading too: it never acks, so it needs no `consume`.
+/// The method whose role the groups and the feed need: `read`
+/// (ListGroups's). The feed of batches is reading too: it never acks, so it
+/// needs no `consume`.
 const ROLE_OF: &str = "ListGroups";
 
 /// How often an idle event stream sends a keep-alive comment, so proxies and
@@ -117,7 +120,7 @@ pub async fn groups(
     };
     let started = Instant::now();
     let listed = async {
-        let request = api.request(&headers, query.token.as_deref(), request)?;
+        let request = api.request(ROLE_OF, &headers, query.token.as_deref(), request)?;
         api.within_deadline(api.service.list_groups(request)).await
     }
     .await;
@@ -180,11 +183,71 @@ pub async fn batches(
     }
 }
 
+/// Where an API call comes from: its headers (with the bearer token), the
+/// `token` query parameter, and the browser's address, when known (the
+/// policy history names it when auth is off).
+pub struct Sender<'a> {
+    headers: &'a HeaderMap,
+    token: Option<&'a str>,
+    peer: Option<SocketAddr>,
+}
+
+impl<'a> Sender<'a> {
+    pub fn new(headers: &'a HeaderMap, token: Option<&'a str>, peer: Option<SocketAddr>) -> Self {
+        Sender {
+            headers,
+            token,
+            peer,
+        }
+    }
+}
+
 impl Api {
+    /// Calls the gRPC method `method` (by `call`) with `message` from
+    /// `from`, within the deadline, and counts it in
+    /// `batcher_requests_total`: its reply in the JSON mapping, or its
+    /// refusal. The token is checked before the message, so a caller
+    /// without one learns nothing from a bad body.
+    pub async fn answer<M, R, Fut>(
+        &self,
+        method: &'static str,
+        from: Sender<'_>,
+        message: Result<M, Status>,
+        call: impl FnOnce(BatcherService, tonic::Request<M>) -> Fut,
+    ) -> Response
+    where
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+        R: prost::Name,
+    {
+        let started = Instant::now();
+        let answered = async {
+            let mut request = self.request(method, from.headers, from.token, ())?;
+            if let Some(addr) = from.peer {
+                let info = TcpConnectInfo {
+                    local_addr: None,
+                    remote_addr: Some(addr),
+                };
+                request.extensions_mut().insert(info);
+            }
+            let message = message?;
+            let request = request.map(|()| message);
+            self.within_deadline(call(self.service.clone(), request))
+                .await
+        }
+        .await;
+        let code = answered.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        record_call(method, code, started);
+        match answered {
+            Ok(response) => Json(to_json(&response.into_inner())).into_response(),
+            Err(status) => error(&status),
+        }
+    }
+
     /// `message` as a gRPC request from the caller that the bearer token in
-    /// `headers` (or else `token`) names, once its roles allow `read`.
+    /// `headers` (or else `token`) names, once its roles allow `method`.
     fn request<T>(
         &self,
+        method: &str,
         headers: &HeaderMap,
         token: Option<&str>,
         message: T,
@@ -194,7 +257,7 @@ impl Api {
             Some(value) => Some(value.as_bytes()),
             None => bearer.as_deref().map(str::as_bytes),
         };
-        let caller = self.auth.check(ROLE_OF, authorization)?;
+        let caller = self.auth.check(method, authorization)?;
         let mut request = tonic::Request::new(message);
         if let Some(caller) = caller {
             request.extensions_mut().insert(caller);
@@ -224,7 +287,7 @@ impl Api {
         token: Option<&str>,
         message: pb::SubscribeRequest,
     ) -> Result<impl Stream<Item = Result<Event, Infallible>> + use<>, Status> {
-        let request = self.request(headers, token, message)?;
+        let request = self.request(ROLE_OF, headers, token, message)?;
         let batches = self
             .within_deadline(self.service.subscribe(request))
             .await?
@@ -278,7 +341,7 @@ fn code_parts(code: Code) -> (&'static str, StatusCode) {
 }
 
 /// `status` as an HTTP response.
-fn error(status: &Status) -> Response {
+pub fn error(status: &Status) -> Response {
     let (_, http) = code_parts(status.code());
     let mut response = (http, Json(error_body(status))).into_response();
     if http == StatusCode::UNAUTHORIZED {
@@ -291,22 +354,31 @@ fn error(status: &Status) -> Response {
 }
 
 /// The JSON error body of `status`, in the shape of Google's JSON errors;
-/// its `ErrorInfo` (reason and metadata), when it has one, is a detail.
+/// its `ErrorInfo` (reason and metadata) and `BadRequest` (the fields at
+/// fault), when it has them, are details.
 fn error_body(status: &Status) -> serde_json::Value {
     use tonic_types::StatusExt;
     let (name, http) = code_parts(status.code());
-    let details: Vec<_> = status
-        .get_details_error_info()
-        .map(|info| {
-            serde_json::json!({
-                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                "reason": info.reason,
-                "domain": info.domain,
-                "metadata": info.metadata,
-            })
+    let info = status.get_details_error_info().map(|info| {
+        serde_json::json!({
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": info.reason,
+            "domain": info.domain,
+            "metadata": info.metadata,
         })
-        .into_iter()
-        .collect();
+    });
+    let bad = status.get_details_bad_request().map(|bad| {
+        let violations: Vec<_> = bad
+            .field_violations
+            .iter()
+            .map(|v| serde_json::json!({"field": v.field, "description": v.description}))
+            .collect();
+        serde_json::json!({
+            "@type": "type.googleapis.com/google.rpc.BadRequest",
+            "fieldViolations": violations,
+        })
+    });
+    let details: Vec<_> = info.into_iter().chain(bad).collect();
     serde_json::json!({
         "error": {
             "code": http.as_u16(),

@@ -5,10 +5,16 @@
 //! - `GET /api/groups` and `GET /api/batches` (Server-Sent Events): the
 //!   view's JSON API (`api`), which calls the in-process gRPC service, so
 //!   with `[auth]` on it needs a token with the `read` (or `admin`) role,
-//!   and keeps to the token's key prefixes.
+//!   and keeps to the token's key prefixes;
+//! - `GET /api/policies`, `GET` and `PATCH /api/policies/{name}`, and
+//!   `GET /api/revisions`: the policies and their history (`policies`),
+//!   the same way (changing needs `admin`).
 
 mod api;
+mod policies;
 mod web;
+
+use std::net::SocketAddr;
 
 use std::io;
 
@@ -39,18 +45,26 @@ pub fn routes(api: Api) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/groups", get(api::groups))
         .route("/api/batches", get(api::batches))
+        .route("/api/policies", get(policies::list))
+        .route(
+            "/api/policies/{*name}",
+            get(policies::get).patch(policies::update),
+        )
+        .route("/api/revisions", get(policies::revisions))
         .with_state(api)
         .merge(web::routes())
 }
 
 /// Serves `routes` on `listener` until `shutdown`; requests under way then
-/// finish. A failure is logged: metrics and the web view are not worth
-/// stopping the service for.
+/// finish. Each request knows its peer's address (the policy history names
+/// it when auth is off). A failure is logged: metrics and the web view are
+/// not worth stopping the service for.
 pub async fn serve(listener: TcpListener, routes: Router, shutdown: CancellationToken) {
     match listener.local_addr() {
         Ok(addr) => tracing::info!(%addr, "serving http (GET /metrics, the web view at /)"),
         Err(err) => tracing::warn!(%err, "http listener has no local address"),
     }
+    let routes = routes.into_make_service_with_connect_info::<SocketAddr>();
     let served = axum::serve(listener, routes)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await;

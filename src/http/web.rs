@@ -12,8 +12,13 @@
 //! it. Beside it, the batches flushing (newest first, the last 50, one
 //! colour per reason), and a filter by key prefix for both. When the API
 //! answers 401 the page asks for a token and keeps it in the tab's
-//! `sessionStorage`. Countdowns use the browser's clock against the due
-//! times of Redis's clock.
+//! `sessionStorage`. Countdowns run by the service's clock (the
+//! `x-batcher-now` header), whatever the browser's clock says.
+//!
+//! Its Policies tab (`#policies`, `policies.js`) lists the policy store's
+//! policies (revision, set fields, last writer), with an edit form per
+//! policy that sends only the changed fields, guarded by the etag it
+//! loaded, and each policy's history.
 
 use axum::Router;
 use axum::http::header::{
@@ -26,16 +31,22 @@ use axum::routing::get;
 const INDEX_HTML: &str = include_str!("web/index.html");
 /// The page's script: plain modern JavaScript (fetch, EventSource).
 const APP_JS: &str = include_str!("web/app.js");
+/// The Policies tab's script (after `app.js`, whose helpers it uses).
+const POLICIES_JS: &str = include_str!("web/policies.js");
 /// The page's style sheet.
 const STYLE_CSS: &str = include_str!("web/style.css");
 
-/// `GET /`, `/app.js` and `/style.css`.
+/// `GET /`, `/app.js`, `/policies.js` and `/style.css`.
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/", get(|| asset("text/html; charset=utf-8", INDEX_HTML)))
         .route(
             "/app.js",
             get(|| asset("text/javascript; charset=utf-8", APP_JS)),
+        )
+        .route(
+            "/policies.js",
+            get(|| asset("text/javascript; charset=utf-8", POLICIES_JS)),
         )
         .route(
             "/style.css",

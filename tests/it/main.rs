@@ -40,4 +40,5 @@ mod timing;
 mod tls;
 mod wait_replicas;
 mod web;
+mod web_policy;
 mod wire;

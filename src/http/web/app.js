@@ -42,21 +42,33 @@ function token() {
   return sessionStorage.getItem(TOKEN_KEY) || "";
 }
 
-/** GET `path` with `params`; throws an Error carrying the HTTP status. */
-async function api(path, params) {
+/**
+ * GET `path` with `params` (or, with `send`, its method and JSON body);
+ * throws an Error carrying the HTTP status, the gRPC status name (`code`)
+ * and the error's details.
+ */
+async function api(path, params, send) {
   const url = new URL(path, location.href);
   for (const [name, value] of Object.entries(params)) {
     if (value !== "" && value !== undefined) url.searchParams.set(name, value);
   }
   const headers = token() ? { Authorization: `Bearer ${token()}` } : {};
+  const init = { headers };
+  if (send) {
+    init.method = send.method;
+    init.body = JSON.stringify(send.body);
+    headers["Content-Type"] = "application/json";
+  }
   const sent = Date.now();
-  const response = await fetch(url, { headers });
+  const response = await fetch(url, init);
   const serverNow = Number(response.headers.get("x-batcher-now"));
   if (serverNow > 0) state.clockOffset = serverNow - (sent + Date.now()) / 2;
   const body = await response.json().catch(() => ({}));
   if (!response.ok) {
     const error = new Error(body.error?.message || response.statusText);
     error.status = response.status;
+    error.code = body.error?.status || "";
+    error.details = body.error?.details || [];
     throw error;
   }
   return body;
