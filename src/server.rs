@@ -24,6 +24,8 @@ use crate::{gauges, metrics, pb, sweeper};
 
 /// How often the health service re-checks Redis.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
+/// How often it re-checks while Redis does not answer.
+const HEALTH_RETRY: Duration = Duration::from_millis(100);
 
 /// Errors that stop the server.
 #[derive(Debug, thiserror::Error)]
@@ -397,7 +399,8 @@ async fn stop_background(tasks: CancellationToken, tracker: TaskTracker, grace: 
 }
 
 /// Reports SERVING while Redis answers and NOT_SERVING while it does not,
-/// or not within `deadline` (a hung Redis).
+/// or not within `deadline` (a hung Redis). While it does not, it asks
+/// again every [`HEALTH_RETRY`], so SERVING returns soon after Redis does.
 async fn watch_health(
     store: Store,
     reporter: tonic_health::server::HealthReporter,
@@ -421,9 +424,10 @@ async fn watch_health(
             reporter.set_service_status("", status).await;
             serving = Some(ok);
         }
+        let pause = if ok { HEALTH_EVERY } else { HEALTH_RETRY };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(HEALTH_EVERY) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod layout;
 pub mod load;
 pub mod policy;
+pub mod proxy;
 pub mod python;
 pub mod redis;
 pub mod scrape;
