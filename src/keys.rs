@@ -117,6 +117,7 @@ impl Keyspace {
             docs: format!("{tag}:docs"),
             revision: format!("{tag}:revision"),
             history: format!("{tag}:history"),
+            staged: format!("{tag}:staged"),
         }
     }
 }
@@ -130,6 +131,8 @@ pub struct PolicyStoreKeys {
     pub revision: String,
     /// Stream of changes, one entry per revision (id `<revision>-1`).
     pub history: String,
+    /// The start of the hashes a bulk change is staged in (`:<id>` follows).
+    pub staged: String,
 }
 
 /// Slots of a Redis Cluster.

@@ -107,6 +107,10 @@ pub static ACK_BATCHES: LazyLock<Script> =
 pub static POLICY_UPDATE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/policy_update.lua")));
 
+/// Puts a bulk change of the policy store, staged beforehand, in force.
+pub static POLICY_SWAP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/policy_swap.lua")));
+
 /// Re-drives dead-lettered batches to their consumer group.
 pub static REDRIVE_BATCHES: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/redrive_batches.lua")));

@@ -4,10 +4,9 @@
 --
 -- KEYS: the documents hash, the revision counter, the history stream.
 -- ARGV: the expected revision, who, the reason, how many revisions the
--- history keeps, whether the change is bulk ('1': its history entry holds
--- only the count of policies, and readers load the store again), then for
--- each policy: its name, its body as JSON ('' to delete it) and its changes
--- as JSON (for the history).
+-- history keeps, then for each policy: its name, its body as JSON ('' to
+-- delete it) and its changes as JSON (for the history). A bulk change goes
+-- through policy_swap.lua instead.
 -- Returns {1, revision, time} or, when the store moved on, {0, revision}.
 local docs, counter, history = KEYS[1], KEYS[2], KEYS[3]
 local rev = tonumber(redis.call('GET', counter) or '0')
@@ -17,8 +16,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local who = ARGV[2]
 local entry = {'revision', rev, 'time', now, 'who', who, 'reason', ARGV[3]}
-local bulk = ARGV[5] == '1'
-for i = 6, #ARGV, 3 do
+for i = 5, #ARGV, 3 do
   local name, body, changes = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local doc = ''
   if body == '' then
@@ -28,18 +26,12 @@ for i = 6, #ARGV, 3 do
       .. cjson.encode(who) .. ',"policy":' .. body .. '}'
     redis.call('HSET', docs, name, doc)
   end
-  if not bulk then
-    table.insert(entry, 'name')
-    table.insert(entry, name)
-    table.insert(entry, 'doc')
-    table.insert(entry, doc)
-    table.insert(entry, 'changes')
-    table.insert(entry, changes)
-  end
-end
-if bulk then
-  table.insert(entry, 'bulk')
-  table.insert(entry, (#ARGV - 5) / 3)
+  table.insert(entry, 'name')
+  table.insert(entry, name)
+  table.insert(entry, 'doc')
+  table.insert(entry, doc)
+  table.insert(entry, 'changes')
+  table.insert(entry, changes)
 end
 redis.call('SET', counter, rev)
 redis.call('XADD', history, 'MAXLEN', '~', ARGV[4], rev .. '-1', unpack(entry))

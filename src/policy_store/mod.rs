@@ -37,7 +37,7 @@ pub use self::changes::{Action, Change, Changed, FIELDS, check_name, not_found};
 use crate::config::{Config, KeyPolicy};
 use crate::error::Error;
 use crate::policy::{Policies, PolicyHandle};
-use crate::store::{Revision, Store, StoredPolicy};
+use crate::store::{BULK_CHANGE, Revision, Store, StoredPolicy};
 
 /// The name of the defaults' document.
 pub const DEFAULTS: &str = "defaults";
@@ -278,12 +278,7 @@ impl PolicyStore {
                 return Err(changes::store_moved(copy.revision));
             }
             let plan = changes::plan(&self.inner.base, &copy, &changes)?;
-            let keep = self.inner.base.policy_store.history.get();
-            let written = self
-                .inner
-                .store
-                .write_policies(copy.revision, who, reason, keep, &plan.writes)
-                .await?;
+            let written = self.write(&copy, &plan, who, reason).await?;
             if let crate::store::Written::At { revision, .. } = written {
                 let before = copy.clone();
                 self.catch_up(&mut copy).await?;
@@ -298,6 +293,52 @@ impl PolicyStore {
             }
         }
         Err(changes::store_moved(copy.revision))
+    }
+
+    /// Writes `plan`, computed on `copy`: as one script, or for a bulk
+    /// change, staged and swapped in (see `Store::replace_policies`).
+    async fn write(
+        &self,
+        copy: &Snapshot,
+        plan: &changes::Plan,
+        who: &str,
+        reason: &str,
+    ) -> Result<crate::store::Written, Error> {
+        let store = &self.inner.store;
+        let keep = self.inner.base.policy_store.history.get();
+        if plan.writes.len() <= BULK_CHANGE {
+            return Ok(store
+                .write_policies(copy.revision, who, reason, keep, &plan.writes)
+                .await?);
+        }
+        let time = store.redis_time_ms().await?;
+        let mut docs = (*copy.docs).clone();
+        for write in &plan.writes {
+            match &write.body {
+                Some(policy) => docs.insert(
+                    write.name.clone(),
+                    StoredPolicy {
+                        revision: copy.revision + 1,
+                        updated_at: time,
+                        updated_by: who.to_owned(),
+                        policy: policy.clone(),
+                    },
+                ),
+                None => docs.remove(&write.name),
+            };
+        }
+        let json = docs
+            .iter()
+            .map(|(name, doc)| {
+                let text = serde_json::to_string(doc)
+                    .map_err(|e| crate::batch::DecodeError(format!("policy {name}: {e}")));
+                Ok((name.clone(), text.map_err(crate::store::StoreError::from)?))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let count = plan.writes.len();
+        Ok(store
+            .replace_policies(copy.revision, who, reason, keep, &json, count, time)
+            .await?)
     }
 
     /// Brings `copy` up to the store's revision; says whether it changed.

@@ -4,7 +4,7 @@
 //! refuses a change computed on another revision than the store's, so
 //! changes from several instances never interleave.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::conn::Code;
 use super::{Result, Store};
@@ -13,7 +13,7 @@ use crate::config::KeyPolicy;
 use crate::scripts;
 
 /// A policy as the store holds it.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 pub struct StoredPolicy {
     /// The revision that last wrote it: its etag.
     pub revision: u64,
@@ -164,13 +164,11 @@ impl Store {
         writes: &[PolicyWrite],
     ) -> Result<Written> {
         let keys = self.keys.policy_store();
-        let bulk = writes.len() > BULK_CHANGE;
         let mut args = vec![
             expected.to_string().into_bytes(),
             who.as_bytes().to_vec(),
             reason.as_bytes().to_vec(),
             keep.to_string().into_bytes(),
-            if bulk { b"1".to_vec() } else { b"0".to_vec() },
         ];
         for write in writes {
             let body = match &write.body {
@@ -188,16 +186,81 @@ impl Store {
                 args,
             )
             .await?;
-        match reply.as_slice() {
-            [1, revision, time] => Ok(Written::At {
-                revision: *revision,
-                time: *time,
-            }),
-            [0, revision] => Ok(Written::Moved {
-                revision: *revision,
-            }),
-            other => Err(DecodeError(format!("policy update reply {other:?}")).into()),
+        written(&reply)
+    }
+
+    /// Redis's clock, in ms since the epoch.
+    pub async fn redis_time_ms(&self) -> Result<u64> {
+        let mut conn = self.conn.clone();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    /// Replaces every document with `docs` (name, document as JSON) as one
+    /// revision if the store is still at `expected`, for a bulk change of
+    /// `count` policies made at `time` (ms): the documents are staged in
+    /// chunks, each a short command, then swapped in by one short script,
+    /// so Redis never runs one long call. A staged hash left by a crash
+    /// expires within the hour.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn replace_policies(
+        &self,
+        expected: u64,
+        who: &str,
+        reason: &str,
+        keep: usize,
+        docs: &[(String, String)],
+        count: usize,
+        time: u64,
+    ) -> Result<Written> {
+        let keys = self.keys.policy_store();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let staged = format!("{}:{}-{nanos}", keys.staged, std::process::id());
+        let mut conn = self.conn.clone();
+        for chunk in docs.chunks(STAGE_CHUNK) {
+            let mut pipe = redis::pipe();
+            pipe.cmd("HSET").arg(&staged);
+            for (name, json) in chunk {
+                pipe.arg(name).arg(json);
+            }
+            pipe.ignore().cmd("EXPIRE").arg(&staged).arg(3600).ignore();
+            pipe.query_async::<()>(&mut conn).await?;
         }
+        let args = [
+            expected.to_string(),
+            who.to_owned(),
+            reason.to_owned(),
+            keep.to_string(),
+            count.to_string(),
+            time.to_string(),
+        ];
+        let reply: Vec<u64> = self
+            .run_script(
+                Code::Script(&scripts::POLICY_SWAP),
+                &[&keys.docs, &keys.revision, &keys.history, &staged],
+                args.into_iter().map(String::into_bytes).collect(),
+            )
+            .await?;
+        written(&reply)
+    }
+}
+
+/// Documents staged by one command of a bulk change.
+const STAGE_CHUNK: usize = 1000;
+
+/// The reply of a write script.
+fn written(reply: &[u64]) -> Result<Written> {
+    match reply {
+        [1, revision, time] => Ok(Written::At {
+            revision: *revision,
+            time: *time,
+        }),
+        [0, revision] => Ok(Written::Moved {
+            revision: *revision,
+        }),
+        other => Err(DecodeError(format!("policy update reply {other:?}")).into()),
     }
 }
 

@@ -57,8 +57,9 @@ fn secs(s: u64) -> Option<prost_types::Duration> {
 /// group shows the policy in force (an item is added if none is open).
 async fn max_items_in_force(client: &mut Client, key: &str) -> u32 {
     let req = pb::GetGroupRequest { key: key.into() };
-    if let Ok(resp) = client.get_group(req.clone()).await {
-        return resp.into_inner().group.unwrap().max_items;
+    let open = client.get_group(req.clone()).await.unwrap().into_inner();
+    if let Some(group) = open.group {
+        return group.max_items;
     }
     client.add(add(key, "probe", b"")).await.unwrap();
     let group = client.get_group(req).await.unwrap().into_inner().group;
@@ -544,4 +545,68 @@ async fn adds_wait_for_the_store_to_be_read() {
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert_error_info(&status, "POLICIES_NOT_LOADED");
     service.stop().await;
+}
+
+/// An import of more than 1000 policies (staged, then swapped in) is one
+/// revision that the history counts, in force on another instance, and
+/// changes after it replay as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_import_is_one_revision_on_every_instance() {
+    let redis = RedisServer::start();
+    let config = crate::support::config(&redis.url(), &store_on(""));
+    let (a, b) = (
+        Service::start(config.clone()).await,
+        Service::start(config).await,
+    );
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    let policies = (0..1500)
+        .map(|i| pb::Policy {
+            name: format!("policies/keys/area-{i:04}"),
+            max_items: Some(2 + i % 50),
+            ..Default::default()
+        })
+        .collect();
+    let req = pb::ImportPoliciesRequest {
+        policies,
+        reason: "postcodes".into(),
+        ..Default::default()
+    };
+    let import = eventually("the store to load", || {
+        let (mut c, req) = (ca.clone(), req.clone());
+        async move { c.import_policies(req).await.ok() }
+    });
+    let done = import.await.into_inner();
+    assert_eq!(done.created, 1500);
+    let in_force = eventually("the import on the other instance", || {
+        let mut c = cb.clone();
+        async move {
+            let n = max_items_in_force(&mut c, "area-1499").await;
+            (n == 2 + 1499 % 50).then_some(n)
+        }
+    });
+    in_force.await;
+    let revisions = cb
+        .list_policy_revisions(pb::ListPolicyRevisionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .revisions;
+    assert_eq!(revisions[0].revision, done.revision);
+    assert_eq!(revisions[0].bulk_count, 1500);
+    assert_eq!(revisions[0].reason, "postcodes");
+    let change = pb::Policy {
+        max_items: Some(7),
+        ..Default::default()
+    };
+    let req = update("keys/area-0003", change, &["max_items"], "");
+    ca.update_policy(req).await.unwrap();
+    let replayed = eventually("the change on the other instance", || {
+        let mut c = cb.clone();
+        async move { (max_items_in_force(&mut c, "area-0003").await == 7).then_some(()) }
+    });
+    replayed.await;
+    let kept = get(&mut cb, "keys/area-0004").await;
+    assert_eq!((kept.max_items, kept.revision), (Some(6), done.revision));
+    a.stop().await;
+    b.stop().await;
 }
