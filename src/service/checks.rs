@@ -167,3 +167,20 @@ pub(super) fn parse_dead_letter_token(token: &str) -> Option<DeadLetterPosition>
     let (shard, id) = token.split_once('/')?;
     Some((shard.parse().ok()?, id.parse().ok()?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every listing reads a page size of 0 as the default and one over
+    /// the maximum as the maximum, and refuses a negative one.
+    #[test]
+    fn page_sizes_are_defaulted_and_clamped() {
+        assert_eq!(page_size(0).unwrap(), DEFAULT_PAGE_SIZE as usize);
+        assert_eq!(page_size(7).unwrap(), 7);
+        assert_eq!(page_size(5000).unwrap(), MAX_PAGE_SIZE as usize);
+        assert_eq!(page_size(i32::MAX).unwrap(), MAX_PAGE_SIZE as usize);
+        let err = page_size(-1).unwrap_err().to_string();
+        assert_eq!(err, "page_size: must not be negative");
+    }
+}
