@@ -220,6 +220,13 @@ fn chain(error: &dyn std::error::Error) -> String {
 /// message already names the first).
 pub fn describe(status: &Status) -> String {
     let mut text = format!("{}: {}", code_name(status.code()), status.message());
+    // A transport failure keeps its cause (a refused handshake, a reset)
+    // below the status; say it, unless the message already does.
+    if let Some(cause) = std::error::Error::source(status).map(chain)
+        && !status.message().contains(&cause)
+    {
+        text.push_str(&format!(": {cause}"));
+    }
     let details = status.get_error_details();
     if let Some(info) = details.error_info() {
         let mut metadata = info.metadata.iter().collect::<Vec<_>>();
