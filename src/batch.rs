@@ -19,6 +19,87 @@ pub struct Item {
     pub deadline_ms: Option<u64>,
     /// How many times Requeue has put it back.
     pub requeue_count: u32,
+    /// The trace context of the span that added it, kept while it waits in
+    /// its group so that its batch's flush span can link to it. Only with
+    /// tracing on, for an add that carried a `traceparent`.
+    pub trace: Option<TraceContext>,
+}
+
+/// A W3C trace context (`traceparent`): a trace id, a span id and the trace
+/// flags. An item keeps one compactly in its ext (see `store::ext`); its
+/// `tracestate`, if any, is not kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TraceContext {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    /// Bit 0: sampled.
+    pub flags: u8,
+}
+
+impl TraceContext {
+    /// Reads a `traceparent` value (`00-<32 hex>-<16 hex>-<2 hex>`, or a
+    /// later version with more after it), or None for one that W3C Trace
+    /// Context says to ignore: malformed, version `ff`, or a zero id.
+    pub fn from_traceparent(text: &str) -> Option<TraceContext> {
+        let bytes = text.as_bytes();
+        if bytes.len() < 55 || !is_lower_hex(&bytes[..2]) || &bytes[..2] == b"ff" {
+            return None;
+        }
+        // Version 00 is exactly 55 characters; a later one may go on after a '-'.
+        if (&bytes[..2] == b"00" && bytes.len() != 55) || bytes.get(55).is_some_and(|b| *b != b'-')
+        {
+            return None;
+        }
+        if bytes[2] != b'-' || bytes[35] != b'-' || bytes[52] != b'-' {
+            return None;
+        }
+        let mut hex = [0u8; 50];
+        hex[..32].copy_from_slice(&bytes[3..35]);
+        hex[32..48].copy_from_slice(&bytes[36..52]);
+        hex[48..].copy_from_slice(&bytes[53..55]);
+        TraceContext::from_hex(&hex)
+    }
+
+    /// The `traceparent` value: `00-<trace id>-<span id>-<flags>`.
+    pub fn traceparent(&self) -> String {
+        format!(
+            "00-{}-{}-{:02x}",
+            hex::encode(self.trace_id),
+            hex::encode(self.span_id),
+            self.flags
+        )
+    }
+
+    /// The compact form an item's ext holds: trace id, span id and flags
+    /// as 50 lower-case hex digits.
+    pub(crate) fn to_hex(self) -> String {
+        let mut bytes = [0u8; 25];
+        bytes[..16].copy_from_slice(&self.trace_id);
+        bytes[16..24].copy_from_slice(&self.span_id);
+        bytes[24] = self.flags;
+        hex::encode(bytes)
+    }
+
+    /// Reads [`TraceContext::to_hex`]'s form; None unless it is 50
+    /// lower-case hex digits with non-zero ids.
+    pub(crate) fn from_hex(text: &[u8]) -> Option<TraceContext> {
+        if text.len() != 50 || !is_lower_hex(text) {
+            return None;
+        }
+        let mut bytes = [0u8; 25];
+        hex::decode_to_slice(text, &mut bytes).ok()?;
+        let context = TraceContext {
+            trace_id: bytes[..16].try_into().ok()?,
+            span_id: bytes[16..24].try_into().ok()?,
+            flags: bytes[24],
+        };
+        (context.trace_id != [0; 16] && context.span_id != [0; 8]).then_some(context)
+    }
+}
+
+fn is_lower_hex(text: &[u8]) -> bool {
+    text.iter()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
 }
 
 impl Item {
@@ -298,6 +379,38 @@ mod tests {
              CAPACITY = 'CAPACITY', IDLE = 'IDLE', CUTOFF = 'CUTOFF', DEADLINE = 'DEADLINE', \
              MAX_AGE = 'MAX_AGE', CLOSED = 'CLOSED' }\n"
         );
+    }
+
+    /// A traceparent reads back as it was written; what W3C says to
+    /// ignore (bad lengths, upper case, version ff, zero ids) is None.
+    #[test]
+    fn traceparents() {
+        let text = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let context = TraceContext::from_traceparent(text).unwrap();
+        assert_eq!(
+            context.span_id,
+            [0, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]
+        );
+        assert_eq!(context.flags, 1);
+        assert_eq!(context.traceparent(), text);
+        assert_eq!(
+            TraceContext::from_hex(context.to_hex().as_bytes()),
+            Some(context)
+        );
+        let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes";
+        assert_eq!(TraceContext::from_traceparent(later), Some(context));
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+        ] {
+            assert_eq!(TraceContext::from_traceparent(bad), None, "{bad:?}");
+        }
     }
 
     /// Stream ids order numerically, not as strings.

@@ -44,6 +44,9 @@
 //! - `http`: the HTTP listener: `GET /metrics`, the live web view at `/`
 //!   (assets compiled in) and its JSON API (groups by page, batches as
 //!   Server-Sent Events), served through the gRPC service and its token checks.
+//! - `telemetry`: OpenTelemetry traces over OTLP, on with the `OTEL_*`
+//!   environment: add spans from a `traceparent`, whose contexts items keep
+//!   in their ext, and each batch's flush span linking to them.
 //! - `server`: wires it all together and serves until shutdown.
 //! - `cli`: the operator CLI (`batcher add`, `tail`, `list`, ...): a gRPC
 //!   client of the service, printing tables or JSON lines.
@@ -67,6 +70,7 @@ pub mod service;
 pub mod store;
 pub mod subscribers;
 pub mod sweeper;
+pub mod telemetry;
 pub mod tls;
 
 /// Generated protobuf and gRPC types; they stop at the `service` layer.

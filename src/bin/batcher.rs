@@ -7,8 +7,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use batcher::config::{Config, LogFormat};
+use batcher::telemetry::Telemetry;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::registry;
 
 #[derive(Parser)]
 #[command(
@@ -63,7 +66,15 @@ async fn main() -> ExitCode {
         },
         None => Config::default(),
     };
-    init_logs(config.log.format);
+    // Traces over OTLP when the OTEL_* environment asks (docs/tracing.md).
+    let telemetry = match Telemetry::from_env() {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("batcher: traces: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logs(config.log.format, telemetry.as_ref());
     if let Some(listen) = listen {
         config.listen = listen;
     }
@@ -89,7 +100,12 @@ async fn main() -> ExitCode {
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    match batcher::server::run(listener, http, config, path, shutdown).await {
+    let grace = config.shutdown_grace;
+    let served = batcher::server::run(listener, http, config, path, shutdown).await;
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown(grace).await;
+    }
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("batcher: {err}");
@@ -99,18 +115,32 @@ async fn main() -> ExitCode {
 }
 
 /// Writes log lines to stdout in `format`, at the levels `RUST_LOG` sets
-/// (default `info,redis=error`).
-fn init_logs(format: LogFormat) {
+/// (default `info,redis=error`); with `telemetry`, also turns this crate's
+/// spans into OpenTelemetry spans, whatever `RUST_LOG` says.
+fn init_logs(format: LogFormat, telemetry: Option<&Telemetry>) {
     // redis-rs's cluster client logs every failed reconnect while a node is
     // down, thousands a second; batcher logs the failures that reach it,
     // rate-limited. RUST_LOG=info,redis=warn brings them back.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,redis=error"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    let Some(telemetry) = telemetry else {
+        let logs = tracing_subscriber::fmt().with_env_filter(filter);
+        return match format {
+            LogFormat::Text => logs.init(),
+            // One object per line, the event's fields at the top level.
+            LogFormat::Json => logs.json().flatten_event(true).init(),
+        };
+    };
+    use tracing_subscriber::prelude::*;
+    let spans = Targets::new().with_target("batcher", tracing::Level::INFO);
+    let traces = telemetry.layer().with_filter(spans);
+    let logs = tracing_subscriber::fmt::layer();
+    let spans = registry().with(traces);
     match format {
-        LogFormat::Text => logs.init(),
-        // One object per line, the event's fields at the top level.
-        LogFormat::Json => logs.json().flatten_event(true).init(),
+        LogFormat::Text => spans.with(logs.with_filter(filter)).init(),
+        LogFormat::Json => spans
+            .with(logs.json().flatten_event(true).with_filter(filter))
+            .init(),
     }
 }
 

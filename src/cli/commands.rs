@@ -63,6 +63,7 @@ async fn add(args: AddArgs) -> Result<(), CliError> {
             requeue_count: 0,
         }),
         close_group: args.close,
+        ..Default::default()
     };
     let remote = &args.remote;
     let mut client = remote.connect().await?;

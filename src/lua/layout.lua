@@ -20,10 +20,12 @@
 -- An item's ext is '' or, packed by the service: '+', a byte 1 + k, then
 -- 1 + k little-endian doubles (its deadline in ms or 0, then its value of
 -- each measure m names, -0 for none; k is 0 or m's count), then as text
--- its other measures ('m' name '=' value) and its requeue count ('r' n),
--- joined by ';', then '|'. The values of a group's s, x and its usual
--- items stay within Redis's compact (listpack) hash encoding: a 32-byte
--- parcel with two measures is a 62-byte value.
+-- its other measures ('m' name '=' value), its requeue count ('r' n) and
+-- its trace context ('t' and 50 hex digits), joined by ';', then '|'
+-- (text that this library does not read, it keeps as it is). The values
+-- of a group's s, x and its usual items stay within Redis's compact
+-- (listpack) hash encoding: a 32-byte parcel with two measures is a
+-- 62-byte value.
 --
 -- A batch in the shard stream has the fields key, reason, opened, flushed,
 -- n and items: the concatenation, in arrival order, of #id ':' id

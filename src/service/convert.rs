@@ -77,6 +77,7 @@ pub fn batch_to_pb(batch: &batch::Batch, cursor: String, delivery_count: u32) ->
         flushed_at: Some(timestamp(batch.flushed_at_ms)),
         cursor,
         delivery_count,
+        trace_context: crate::telemetry::traceparent(batch),
     }
 }
 

@@ -38,6 +38,7 @@ use crate::policy_store::PolicyStore;
 use crate::store::{Deadline, NewItem, Store, StoreError};
 use crate::subscribers::{Cursor, Delivery, Durable, Filter, Hub};
 use crate::sweeper::SweeperHandle;
+use crate::telemetry::{self, AddSpan};
 
 /// Largest page of ListGroups and ListDeadLetters; a larger `page_size` is
 /// read as this.
@@ -200,6 +201,7 @@ impl BatcherService {
                 measures,
                 deadline_ms,
                 requeue_count: 0,
+                trace: None,
             },
             policy,
             close: req.close_group,
@@ -238,6 +240,25 @@ impl BatcherService {
     }
 }
 
+/// Gives each of AddMany's `items` the trace context it keeps: the span
+/// started for its own context (`parents[i]`, its request's
+/// `trace_context`, when valid), else the call's span's. Returns the
+/// items' own spans, by index, to finish when the call is done.
+fn traced_items(
+    items: &mut [NewItem],
+    call: Option<&AddSpan>,
+    parents: &[String],
+) -> Vec<Option<AddSpan>> {
+    let mut spans = Vec::with_capacity(items.len());
+    for (new, parent) in items.iter_mut().zip(parents) {
+        let id = String::from_utf8_lossy(&new.item.id);
+        let own = AddSpan::of_item(parent, call, &new.key, &id);
+        new.item.trace = own.as_ref().or(call).map(AddSpan::context);
+        spans.push(own);
+    }
+    spans
+}
+
 type BatchStream = Pin<Box<dyn Stream<Item = Result<pb::Batch, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -249,10 +270,25 @@ impl pb::batcher_server::Batcher for BatcherService {
         Caller::of(&request).check_key(&request.get_ref().key)?;
         self.policies_loaded()?;
         let deadline = request.extensions().get::<Deadline>().copied();
+        // With tracing on and a traceparent (the request's, or else the
+        // metadata's): the call's span, whose context the item keeps.
+        let own = &request.get_ref().trace_context;
+        let span = AddSpan::of_call(request.metadata(), "Add", own);
         let table = self.policies.current();
-        let item = self.new_item(&table, "", request.into_inner())?;
-        let mut results = self.add_items(vec![item], deadline).await?;
-        Ok(Response::new(results.pop().unwrap_or_default()))
+        let mut item = self.new_item(&table, "", request.into_inner())?;
+        if let Some(span) = &span {
+            span.item(&item.key, &String::from_utf8_lossy(&item.item.id));
+            item.item.trace = Some(span.context());
+        }
+        let result = self
+            .add_items(vec![item], deadline)
+            .await
+            .map_err(Status::from)
+            .map(|mut results| results.pop().unwrap_or_default());
+        if let Some(span) = span {
+            span.finish(result.as_ref());
+        }
+        Ok(Response::new(result?))
     }
 
     async fn add_many(
@@ -261,6 +297,7 @@ impl pb::batcher_server::Batcher for BatcherService {
     ) -> Result<Response<pb::AddManyResponse>, Status> {
         let caller = Caller::of(&request);
         let deadline = request.extensions().get::<Deadline>().copied();
+        let span = AddSpan::of_call(request.metadata(), "AddMany", "");
         let requests = request.into_inner().items;
         if requests.len() > self.limits.max_add_many.get() {
             return Err(invalid(
@@ -280,7 +317,13 @@ impl pb::batcher_server::Batcher for BatcherService {
         let table = self.policies.current();
         let mut items = Vec::with_capacity(requests.len());
         let mut violations = Vec::new();
-        for (i, req) in requests.into_iter().enumerate() {
+        // With tracing on, each item's own trace context, by index.
+        let tracing = telemetry::on();
+        let mut parents = Vec::new();
+        for (i, mut req) in requests.into_iter().enumerate() {
+            if tracing {
+                parents.push(std::mem::take(&mut req.trace_context));
+            }
             match self.new_item(&table, &format!("items[{i}]."), req) {
                 Ok(item) => items.push(item),
                 Err(Error::InvalidArgument(bad)) => violations.extend(bad),
@@ -290,12 +333,24 @@ impl pb::batcher_server::Batcher for BatcherService {
         if !violations.is_empty() {
             return Err(Error::InvalidArgument(violations).into());
         }
-        let results = if items.is_empty() {
-            Vec::new()
-        } else {
-            self.add_items(items, deadline).await?
+        let item_spans = match tracing {
+            true => traced_items(&mut items, span.as_ref(), &parents),
+            false => Vec::new(),
         };
-        Ok(Response::new(pb::AddManyResponse { results }))
+        let results = if items.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.add_items(items, deadline).await.map_err(Status::from)
+        };
+        for (i, item_span) in item_spans.into_iter().enumerate() {
+            if let Some(item_span) = item_span {
+                item_span.finish(results.as_ref().map(|r| &r[i]));
+            }
+        }
+        if let Some(span) = span {
+            span.finish_many(results.as_ref().map(Vec::len));
+        }
+        Ok(Response::new(pb::AddManyResponse { results: results? }))
     }
 
     async fn remove(

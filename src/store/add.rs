@@ -284,7 +284,7 @@ impl AddWriter {
     }
 
     /// One add function call for `items`, all of this shard, in order. The
-    /// batches it flushed are recorded in the metrics.
+    /// batches it flushed are recorded in the metrics, and traced.
     async fn call(&self, items: &[&NewItem]) -> Result<ShardReply> {
         let mut args = AddArgs::new(&self.keys, self.shard, self.dedup);
         for new in items {
@@ -321,6 +321,7 @@ impl AddWriter {
                     .collect();
                 for batch in &flushed {
                     crate::metrics::flushed(batch, None);
+                    crate::telemetry::flushed(batch);
                 }
                 AddResult {
                     outcome,

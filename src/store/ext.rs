@@ -1,24 +1,32 @@
 //! An item's ext, what it carries besides its id and payload (deadline,
-//! measures, requeue count), both ways: packed as the add function gets it
+//! measures, requeue count, trace context), both ways: packed as the add function gets it
 //! and a group stores it, and read back from a batch or a group's items.
 //! The layout is documented once, in `src/lua/layout.lua`.
 
 use std::collections::BTreeMap;
 
-use crate::batch::{DecodeError, Item};
+use crate::batch::{DecodeError, Item, TraceContext};
 
 /// An item's packed ext for a group whose capacity is `capacity`, or empty
 /// for an item with nothing but an id and a payload: `+`, a byte 1 + k,
 /// 1 + k little-endian doubles (the deadline in ms or 0, then the item's
 /// value of each of the capacity's k measures in order, -0 for none), the
-/// item's other measures (`m<name>=<value>`) and requeue count
-/// (`r<count>`) as text joined by `;`, then `|`.
+/// item's other measures (`m<name>=<value>`), requeue count (`r<count>`)
+/// and trace context (`t` and 50 hex digits: trace id, span id, flags) as
+/// text joined by `;`, then `|`. The library keeps text entries it does
+/// not read (`r`, `t`) as they are, in order, through flushes, cuts and
+/// re-packing; an item without a trace context packs exactly as it did
+/// before traces existed.
 ///
 /// Measure values are at most 2^53 - 1 (the service checks them), so the
 /// doubles hold them exactly. A capacity names at most
 /// [`crate::policy::MAX_CAPACITY_MEASURES`] measures, so 1 + k fits its byte.
 pub(crate) fn packed(item: &Item, capacity: &BTreeMap<String, u64>) -> Vec<u8> {
-    if item.deadline_ms.is_none() && item.measures.is_empty() && item.requeue_count == 0 {
+    if item.deadline_ms.is_none()
+        && item.measures.is_empty()
+        && item.requeue_count == 0
+        && item.trace.is_none()
+    {
         return Vec::new();
     }
     let k = u8::try_from(1 + capacity.len()).expect("a capacity names at most 64 measures");
@@ -39,6 +47,9 @@ pub(crate) fn packed(item: &Item, capacity: &BTreeMap<String, u64>) -> Vec<u8> {
     }
     if item.requeue_count > 0 {
         text.push(format!("r{}", item.requeue_count));
+    }
+    if let Some(trace) = item.trace {
+        text.push(format!("t{}", trace.to_hex()));
     }
     ext.extend_from_slice(text.join(";").as_bytes());
     ext.push(b'|');
@@ -98,7 +109,7 @@ fn parse_packed(body: &[u8], names: &[String], item: &mut Item) -> Result<(), De
 }
 
 /// Reads a packed ext's text (`r<requeue count>`, `m<name>=<value>`,
-/// joined by `;`) into `item`.
+/// `t<trace context>`, joined by `;`) into `item`.
 fn parse_text(ext: &[u8], item: &mut Item) -> Result<(), DecodeError> {
     let ext = std::str::from_utf8(ext).map_err(|_| DecodeError("ext: not UTF-8".into()))?;
     let bad = || DecodeError(format!("bad item ext {ext:?}"));
@@ -106,6 +117,7 @@ fn parse_text(ext: &[u8], item: &mut Item) -> Result<(), DecodeError> {
         let (kind, value) = field.split_at(1);
         match kind {
             "r" => item.requeue_count = value.parse().map_err(|_| bad())?,
+            "t" => item.trace = Some(TraceContext::from_hex(value.as_bytes()).ok_or_else(bad)?),
             "m" => {
                 let (name, v) = value.split_once('=').ok_or_else(bad)?;
                 item.measures
@@ -199,6 +211,38 @@ mod tests {
         let ext = packed(&original, &BTreeMap::new());
         assert_eq!(&ext[10..], b"mweight_g=1200;r1|");
         assert_eq!(read(&ext, &[]), original);
+    }
+
+    fn traced(mut item: Item) -> Item {
+        item.trace = TraceContext::from_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        );
+        item
+    }
+
+    /// A trace context is one more text entry, after the others, and reads
+    /// back whole, alone or with every other part of an ext; an item
+    /// without one packs to the same bytes as before traces existed.
+    #[test]
+    fn trace_contexts() {
+        let cap = capacity(&["volume_cm3", "weight_g"]);
+        let names = names_of(b"volume_cm3;weight_g");
+        let alone = packed(&traced(item(&[], None, 0)), &BTreeMap::new());
+        assert_eq!(alone.len(), 62);
+        assert_eq!(
+            &alone[10..],
+            b"t4bf92f3577b34da6a3ce929d0e0e473600f067aa0ba902b701|"
+        );
+        for original in [
+            traced(item(&[], None, 0)),
+            traced(item(&[("weight_g", 1200), ("colli", 2)], Some(9), 3)),
+        ] {
+            assert_eq!(read(&packed(&original, &cap), &names), original);
+        }
+        let parcel = item(&[("weight_g", 1200), ("volume_cm3", 50_000)], None, 0);
+        assert_eq!(packed(&parcel, &cap).len(), 27);
+        let mut out = Item::new("i", "p");
+        assert!(parse(b"+\x01\0\0\0\0\0\0\0\0t00|", &[], &mut out).is_err());
     }
 
     /// Names that do not match the packed values, a cut-off ext, or one

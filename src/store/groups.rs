@@ -43,7 +43,7 @@ impl Store {
     /// by the Redis clock, with the reason of the rule that made it due, and
     /// not at all when `min_items` holds it (it is re-armed instead). Returns the batches written: none when there was
     /// no open group, more than one only when a reload lowered `max_items`
-    /// while the group was open. Each batch is recorded in the metrics.
+    /// while the group was open. Each batch is recorded in the metrics, and traced.
     pub async fn flush(&self, key: &str, reason: FlushReason) -> Result<Vec<Batch>> {
         let shard = self.keys.shard_of(key);
         self.flush_in_shard(shard, key, reason).await
@@ -82,6 +82,7 @@ impl Store {
             .collect();
         for batch in &batches {
             crate::metrics::flushed(batch, Some(due_at_ms));
+            crate::telemetry::flushed(batch);
         }
         Ok(batches)
     }

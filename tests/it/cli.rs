@@ -253,9 +253,19 @@ async fn tls_and_mutual_tls() {
     // TLS alert, or the connection the server closed on it).
     let stderr = failed(&at(service.addr, &get).await, 1);
     assert!(stderr.starts_with("batcher: "), "{stderr}");
-    let causes = ["certificate", "alert", "connection", "closed", "reset", "eof"];
+    let causes = [
+        "certificate",
+        "alert",
+        "connection",
+        "closed",
+        "reset",
+        "eof",
+    ];
     let said = stderr.to_lowercase();
-    assert!(causes.iter().any(|c| said.contains(c)), "no cause: {stderr}");
+    assert!(
+        causes.iter().any(|c| said.contains(c)),
+        "no cause: {stderr}"
+    );
     let plain = failed(
         &at(service.addr, &["get", "k", "--timeout", "10s"]).await,
         1,

@@ -40,6 +40,7 @@ mod rolling;
 mod subscribe;
 mod timing;
 mod tls;
+mod traces;
 mod wait_replicas;
 mod web;
 mod web_policy;
