@@ -2,7 +2,7 @@
 //!
 //! [`Deadlines`] wraps the Batcher gRPC service. For each request it sets a
 //! [`Deadline`]: the smaller of the client's `grpc-timeout` and the configured
-//! `[redis] response_timeout`. Handlers find it in the request's extensions
+//! `[redis] response_timeout` (for ImportPolicies, at least 60 s). Handlers find it in the request's extensions
 //! (the add path hands it to the shard writers, which drop a queued add whose
 //! deadline passed). When the handler has not answered by then, the call
 //! fails UNAVAILABLE (`REDIS_TIMEOUT`): all a handler waits on is Redis, or its
@@ -26,6 +26,11 @@ use tower_service::Service;
 
 use super::Error;
 use crate::store::Deadline;
+
+/// The deadline of ImportPolicies, when `response_timeout` is shorter: an
+/// import of 100k policies checks and stages them all, in many short Redis
+/// commands.
+const IMPORT_LIMIT: Duration = Duration::from_secs(60);
 
 /// The Batcher service `S`, with one deadline per call.
 #[derive(Clone)]
@@ -62,7 +67,11 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Reply {
-        let deadline = Deadline::after(budget(request.headers(), self.limit));
+        let limit = match request.uri().path().ends_with("/ImportPolicies") {
+            true => self.limit.max(IMPORT_LIMIT),
+            false => self.limit,
+        };
+        let deadline = Deadline::after(budget(request.headers(), limit));
         request.extensions_mut().insert(deadline);
         let call = self.inner.call(request);
         Box::pin(async move {
