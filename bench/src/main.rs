@@ -185,6 +185,12 @@
 //!     policy lookup per add, big table vs the bench's own patterns,
 //!     target at most 600 ns more (3% of 20 µs; 13d). Only with the
 //!     bench's own Redis and service.
+//! 14. **Tracing on** (`tracing_cost.rs`): scenario 1's load with a W3C
+//!     traceparent on every item, on a fresh service over an emptied Redis,
+//!     tracing off, on, on, off (quick: off, on), exporting over OTLP to a
+//!     receiver in the bench's process. Figure: the service's CPU µs per
+//!     added item on and off, pooled, and their ratio; no target. Only with
+//!     the bench's own Redis and service.
 
 mod calls;
 mod charts;
@@ -208,6 +214,7 @@ mod runner;
 mod scale;
 mod scenarios;
 mod service;
+mod tracing_cost;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -338,13 +345,6 @@ fn floor_serve(redis_url: &str) -> ExitCode {
 /// The hidden `__serve` subcommand: the service under test, printing
 /// `LISTENING <addr>` on stdout once it has bound its port.
 fn serve(config_toml: &str) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let config = match Config::parse(config_toml, "bench") {
         Ok(config) => config,
         Err(e) => {
@@ -354,6 +354,15 @@ fn serve(config_toml: &str) -> ExitCode {
     };
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     runtime.block_on(async {
+        // Traces as `batcher serve` sends them, when OTEL_* asks (scenario 14).
+        let telemetry = match batcher::telemetry::Telemetry::from_env() {
+            Ok(telemetry) => telemetry,
+            Err(e) => {
+                eprintln!("batcher-bench __serve: traces: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        serve_logs(telemetry.as_ref());
         let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
             Ok(listener) => listener,
             Err(e) => {
@@ -376,7 +385,11 @@ fn serve(config_toml: &str) -> ExitCode {
             }
         };
         let shutdown = CancellationToken::new();
-        match batcher::server::run(listener, http, config, None, shutdown).await {
+        let served = batcher::server::run(listener, http, config, None, shutdown).await;
+        if let Some(telemetry) = telemetry {
+            telemetry.shutdown(std::time::Duration::from_secs(1)).await;
+        }
+        match served {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("batcher-bench __serve: {e}");
@@ -384,6 +397,26 @@ fn serve(config_toml: &str) -> ExitCode {
             }
         }
     })
+}
+
+/// The service's logs on stderr (stdout carries its address), at `warn`
+/// unless RUST_LOG says otherwise; with `telemetry`, its spans too.
+fn serve_logs(telemetry: Option<&batcher::telemetry::Telemetry>) {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let traces = telemetry.map(|t| {
+        let spans = tracing_subscriber::filter::Targets::new()
+            .with_target("batcher", tracing_subscriber::filter::LevelFilter::INFO);
+        t.layer().with_filter(spans)
+    });
+    tracing_subscriber::registry()
+        .with(traces)
+        .with(logs)
+        .init();
 }
 
 /// Runs every scenario (or those --only names), prints the table and writes

@@ -93,19 +93,28 @@ pub struct ServiceProc {
 impl ServiceProc {
     /// Starts the service with `config_toml` and waits for the address it listens on.
     pub fn start(config_toml: &str) -> Result<ServiceProc, String> {
-        ServiceProc::spawn(&["__serve", "--config-toml", config_toml])
+        ServiceProc::spawn(&["__serve", "--config-toml", config_toml], &[])
+    }
+
+    /// [`ServiceProc::start`] with `env` set for the service.
+    pub fn start_with_env(
+        config_toml: &str,
+        env: &[(&str, String)],
+    ) -> Result<ServiceProc, String> {
+        ServiceProc::spawn(&["__serve", "--config-toml", config_toml], env)
     }
 
     /// Starts the frozen service floor (row 2c) on the Redis at `redis_url`.
     pub fn start_floor(redis_url: &str) -> Result<ServiceProc, String> {
-        ServiceProc::spawn(&["__floor_serve", "--redis-url", redis_url])
+        ServiceProc::spawn(&["__floor_serve", "--redis-url", redis_url], &[])
     }
 
     /// Starts this binary with `args` and waits for the address it reports.
-    fn spawn(args: &[&str]) -> Result<ServiceProc, String> {
+    fn spawn(args: &[&str], env: &[(&str, String)]) -> Result<ServiceProc, String> {
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
         let mut cmd = Command::new(exe);
         cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -11,7 +11,7 @@ use super::scenarios::{Sizes, Target};
 use super::service::Env;
 use super::{
     calls, cluster, cluster_report, fanout, ingest, overload, policies, policy_store, precision,
-    remembered, reports, scale,
+    remembered, reports, scale, tracing_cost,
 };
 
 /// How a scenario runs: set up, under a time limit, and a NOT RUN row
@@ -75,6 +75,7 @@ pub async fn run_all(results: &mut Results, env: &mut Env, sizes: &Sizes, run: &
     run_policy_cost(results, env, sizes, run).await;
     run_adds_per_call(results, env, sizes, run, quick).await;
     run_policy_store(results, env, quick).await;
+    run_tracing_cost(results, env, sizes, run, quick).await;
     env.service = None;
     run_cluster(results, env, sizes, run, single.as_ref()).await;
 }
@@ -238,6 +239,33 @@ async fn run_policy_store(results: &mut Results, env: &mut Env, quick: bool) {
         .await
     {
         policy_store::report(results, &r);
+    }
+}
+
+/// Scenario 14: scenario 1's load with every item traced, tracing off and on.
+async fn run_tracing_cost(
+    results: &mut Results,
+    env: &mut Env,
+    sizes: &Sizes,
+    run: &str,
+    quick: bool,
+) {
+    let name = "14. tracing on: service CPU per traced item";
+    if !results.wants("14") {
+        return;
+    }
+    if env.redis.is_none() || !env.runs_service() {
+        let why =
+            "14. Tracing: not run with --redis-url or --service (it starts services of its own).";
+        results.notes.push(why.into());
+        return;
+    }
+    let future = tracing_cost::run(env, sizes, run, quick);
+    if let Some(c) = results
+        .attempt(name, Duration::from_secs(300), future)
+        .await
+    {
+        tracing_cost::report(results, name, &c);
     }
 }
 
