@@ -15,7 +15,8 @@ from grpc_tools import protoc
 
 HERE = Path(__file__).resolve().parent
 PROTO_ROOT = HERE.parent.parent / "proto"
-PROTO = "batcher/v1/batcher.proto"
+# Every file of the package: batcher.proto imports policies.proto.
+PROTOS = ["batcher/v1/batcher.proto", "batcher/v1/policies.proto"]
 
 
 def main() -> int:
@@ -23,8 +24,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "gen", help="where to write the stubs")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    # grpc_tools bundles google/protobuf/*.proto (timestamp, duration), which
-    # batcher.proto imports.
+    # grpc_tools bundles google/protobuf/*.proto (timestamp, duration, field
+    # mask), which the protos import.
     bundled = resources.files("grpc_tools") / "_proto"
     code = protoc.main(
         [
@@ -34,7 +35,7 @@ def main() -> int:
             f"--python_out={args.out}",
             f"--pyi_out={args.out}",
             f"--grpc_python_out={args.out}",
-            PROTO,
+            *PROTOS,
         ]
     )
     if code != 0:
