@@ -83,16 +83,17 @@ fn now_ms() -> u64 {
     since.map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The query of `GET /api/groups`.
+/// The query of a paged listing by key prefix (`GET /api/groups`,
+/// `GET /api/policies`).
 #[derive(Deserialize)]
-pub struct GroupsQuery {
+pub struct PageQuery {
     #[serde(default)]
-    prefix: String,
+    pub(super) prefix: String,
     #[serde(default)]
-    page_size: i32,
+    pub(super) page_size: i32,
     #[serde(default)]
-    page_token: String,
-    token: Option<String>,
+    pub(super) page_token: String,
+    pub(super) token: Option<String>,
 }
 
 /// The query of `GET /api/batches`.
@@ -107,7 +108,7 @@ pub struct BatchesQuery {
 pub async fn groups(
     State(api): State<Api>,
     headers: HeaderMap,
-    query: Result<Query<GroupsQuery>, QueryRejection>,
+    query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
     let Query(query) = match query {
         Ok(query) => query,

@@ -34,18 +34,6 @@ use crate::error::invalid;
 use crate::pb;
 use crate::pb::batcher_server::Batcher;
 
-/// The query of `GET /api/policies`.
-#[derive(Deserialize)]
-pub struct ListQuery {
-    #[serde(default)]
-    prefix: String,
-    #[serde(default)]
-    page_size: i32,
-    #[serde(default)]
-    page_token: String,
-    token: Option<String>,
-}
-
 /// The query of `GET /api/revisions`.
 #[derive(Deserialize)]
 pub struct RevisionsQuery {
@@ -78,7 +66,7 @@ fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Status> {
 pub async fn list(
     State(api): State<Api>,
     headers: HeaderMap,
-    listed: Result<Query<ListQuery>, QueryRejection>,
+    listed: Result<Query<super::api::PageQuery>, QueryRejection>,
 ) -> Response {
     let q = match query(listed) {
         Ok(q) => q,
