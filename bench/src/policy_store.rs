@@ -159,15 +159,23 @@ async fn import(client: &mut Client, areas: usize, globs: usize) -> Result<(), S
     Ok(())
 }
 
-/// `max_items` in force for `key` on one instance (GetGroup of its open group).
+/// `max_items` in force for `key` on one instance (GetGroup of its open
+/// group, opened again when its window has closed it).
 async fn max_items(client: &mut Client, key: &str) -> Result<u32, String> {
     let req = pb::GetGroupRequest { key: key.into() };
-    let group = client.get_group(req).await.map_err(|s| s.to_string())?;
-    group
-        .into_inner()
-        .group
-        .map(|g| g.max_items)
-        .ok_or_else(|| "no open group".into())
+    for _ in 0..2 {
+        let group = client
+            .get_group(req.clone())
+            .await
+            .map_err(|s| s.to_string())?;
+        if let Some(group) = group.into_inner().group {
+            return Ok(group.max_items);
+        }
+        let id = format!("open-{}", load::now_micros());
+        let add = load::add_request(key.into(), id);
+        client.add(add).await.map_err(|s| format!("add: {s}"))?;
+    }
+    Err("no open group".into())
 }
 
 /// `changes` changes through the first instance, each timed until every
@@ -201,8 +209,9 @@ async fn propagate(services: &[&ServiceProc], changes: usize) -> Result<Vec<u64>
             .update_policy(req)
             .await
             .map_err(|s| format!("UpdatePolicy: {s}"))?;
-        for client in clients.iter_mut() {
-            while max_items(client, &key).await? != want {
+        for (i, client) in clients.iter_mut().enumerate() {
+            let at = |e: String| format!("change {n}, instance {i}: {e}");
+            while max_items(client, &key).await.map_err(at)? != want {
                 if began.elapsed() > Duration::from_secs(30) {
                     return Err(format!("change {n} not in force within 30 s"));
                 }
