@@ -129,9 +129,17 @@ async fn tls_serves_and_refuses_plaintext() {
     let mut plain = BatcherClient::new(plain.connect_lazy());
     let status = plain.add(add("k", "2", b"y")).await.unwrap_err();
     // The server hangs up on a client that does not speak TLS; the client
-    // sees it as a transport error (UNAVAILABLE or UNKNOWN, by timing).
+    // sees it as a transport error (UNAVAILABLE or UNKNOWN, by timing),
+    // with no status from the service, which meanwhile serves TLS clients
+    // on: a refusal, not a crash.
     let refused = [tonic::Code::Unavailable, tonic::Code::Unknown];
     assert!(refused.contains(&status.code()), "{status:?}");
+    assert!(
+        status.metadata().get("content-type").is_none(),
+        "{status:?}"
+    );
+    let again = client.add(add("k", "3", b"z")).await.unwrap().into_inner();
+    assert_eq!(again.group_size, 2, "the TLS client is still served");
 
     let other = tempfile::tempdir().unwrap();
     let other = Certs::generate(other.path());
