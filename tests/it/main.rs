@@ -29,6 +29,7 @@ mod overload;
 mod paging;
 mod partition;
 mod policies;
+mod policy_roles;
 mod policy_scripts;
 mod policy_store;
 mod prefetch;
