@@ -168,7 +168,7 @@ pub async fn cluster_add_many(
     if masters.len() != MASTERS {
         return Err(format!("{} masters, not {MASTERS}", masters.len()));
     }
-    let service = ServiceProc::start(&service::cluster_config(&cluster.urls()))?;
+    let service = ServiceProc::start(&service::cluster_config(&cluster.urls())).await?;
     service::wait_ready(service.addr).await?;
     let target = Target {
         addr: service.addr,

@@ -1,6 +1,7 @@
-//! Load-generation building blocks: gRPC clients, a closed-loop driver that
-//! counts work completed inside a measurement window, histograms, and the
-//! key, id and payload formats every scenario shares.
+//! Load-generation building blocks: gRPC clients (the testkit's), a
+//! closed-loop driver that counts work completed inside a measurement
+//! window, histograms, and the key, id and payload formats every scenario
+//! shares.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,30 +10,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use batcher::pb;
-use batcher::pb::batcher_client::BatcherClient;
+pub use batcher_testkit::grpc::{Client, connect};
 use hdrhistogram::Histogram;
 use tokio::task::JoinSet;
 use tonic::Streaming;
-use tonic::transport::{Channel, Endpoint};
-
-/// A gRPC client of the service. Each one made by [`connect`] has its own
-/// HTTP/2 connection; clones share it.
-pub type Client = BatcherClient<Channel>;
 
 /// Every payload: 32 bytes, the size the memory target is stated for.
 pub const PAYLOAD: [u8; 32] = [b'p'; 32];
-
-/// Opens one HTTP/2 connection to the service.
-pub async fn connect(addr: SocketAddr) -> Result<Client, String> {
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .map_err(|e| format!("connect to the service at {addr}: {e}"))?;
-    Ok(BatcherClient::new(channel).max_decoding_message_size(64 << 20))
-}
 
 /// Opens `n` connections.
 pub async fn connect_many(addr: SocketAddr, n: usize) -> Result<Vec<Client>, String> {

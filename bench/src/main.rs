@@ -6,7 +6,8 @@
 //! `results.rs` (runs the scenarios in order), one file per
 //! scenario (`ingest.rs`, `precision.rs`, `fanout.rs`, `scale.rs`,
 //! `remembered.rs`, `overload.rs`, `policies.rs`, `cluster.rs`, `calls.rs`) over `scenarios.rs` (what they share) and
-//! `load.rs` (load generation), `procs.rs` (child processes, CPU and RSS),
+//! `load.rs` (load generation), `procs.rs` (child processes, started with
+//! the `batcher-testkit` crate that the integration tests use too; CPU and RSS),
 //! `floor_serve.rs` (the frozen service floor of row 2c),
 //! `reports.rs` and `cluster_report.rs` (results to rows and notes),
 //! `report.rs` (the table and BENCHMARKS.md),

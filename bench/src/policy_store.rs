@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use batcher::config::{Config, KeyPolicy};
 use batcher::pb;
 use batcher::policy::Policies;
+use batcher_testkit::Wait;
 
 use super::load::{self, Client, Rng};
 use super::procs::{ServiceProc, rss_kib};
@@ -110,19 +111,22 @@ pub async fn run(redis_url: &str, base: &str, quick: bool) -> Result<PolicyStore
 /// Starts a service process and times it from spawn to its first accepted Add.
 async fn start(text: &str) -> Result<(ServiceProc, Duration), String> {
     let began = Instant::now();
-    let service = ServiceProc::start(text)?;
-    let mut client = load::connect(service.addr).await?;
-    let deadline = began + Duration::from_secs(60);
-    loop {
-        let add = load::add_request("pc-ready".into(), "x".into());
-        match client.add(add).await {
-            Ok(_) => return Ok((service, began.elapsed())),
-            Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(2)).await;
+    let service = ServiceProc::start(text).await?;
+    let client = load::connect(service.addr).await?;
+    let wait = Wait::new("the first add to be accepted", Duration::from_secs(60));
+    let first_add = wait.every(Duration::from_millis(2)).until_ok(|| {
+        let mut client = client.clone();
+        async move {
+            let add = load::add_request("pc-ready".into(), "x".into());
+            match client.add(add).await {
+                Ok(_) => Ok(Ok(())),
+                Err(s) if s.code() == tonic::Code::Unavailable => Err(s.to_string()),
+                Err(s) => Ok(Err(format!("the first add failed: {s}"))),
             }
-            Err(s) => return Err(format!("the first add failed: {s}")),
         }
-    }
+    });
+    first_add.await.map_err(|e| e.to_string())??;
+    Ok((service, began.elapsed()))
 }
 
 /// One ImportPolicies of `areas` exact areas and `globs` globs.

@@ -1,156 +1,100 @@
-//! Child processes of the bench: its own `redis-server` (through the
-//! library's launcher), the service under test, and what can be read about
-//! them from `/proc`.
+//! Child processes of the bench: its own `redis-server` and the service
+//! under test, both started with the testkit (`batcher-testkit`, which the
+//! integration tests use too), and what can be read about them from `/proc`.
 //!
 //! Every child is spawned with `PR_SET_PDEATHSIG = SIGKILL` and killed on
-//! drop (by a [`ChildGuard`], or by the launcher's handle for Redis), so no
-//! child outlives the bench, whether it returns, panics or is killed. The
-//! death signal fires when the *thread* that spawned the child exits, so
-//! children must be spawned from the main thread (the bench's main future
-//! runs there, inside `block_on`), never from a tokio worker or blocking-pool
-//! thread, which may exit while the bench still needs the child.
+//! drop, so no child outlives the bench, whether it returns, panics or is
+//! killed. The death signal fires when the *thread* that spawned the child
+//! exits, so children must be spawned from the main thread (the bench's main
+//! future runs there, inside `block_on`), never from a tokio worker or
+//! blocking-pool thread, which may exit while the bench still needs the child.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use batcher::embedded::launcher::{self, Launch, LaunchError};
+use batcher::embedded::launcher::LaunchError;
+pub use batcher_testkit::RedisServer;
+use batcher_testkit::{AddrLine, Process, Spawn};
+use tempfile::TempDir;
 
-/// Makes `cmd`'s child receive SIGKILL when the spawning thread exits, and
-/// fail to start if the bench is already gone by the time it starts.
-pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
-    launcher::set_parent_death_signal(cmd, libc::SIGKILL)
-}
+/// How long the service may take to report its address.
+const SERVICE_START: Duration = Duration::from_secs(20);
 
-/// A child process that is killed and reaped when the guard is dropped.
-pub struct ChildGuard {
-    child: Option<Child>,
-}
-
-impl ChildGuard {
-    pub fn new(child: Child) -> ChildGuard {
-        ChildGuard { child: Some(child) }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
-    }
-
-    /// Kills and reaps the child; idempotent.
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// The bench's own `redis-server`, started by the library's launcher:
-/// loopback only, no persistence, in a temporary directory that is removed
-/// on drop.
-pub struct RedisServer {
-    server: launcher::RedisServer,
-    pub url: String,
-}
-
-impl RedisServer {
-    /// Starts `redis-server` on a free loopback port and waits until it answers PING.
-    pub async fn start() -> Result<RedisServer, String> {
-        let launch = Launch::new().config("appendonly", "no");
-        match launch.start_async().await {
-            Ok(server) => Ok(RedisServer {
-                url: server.url().to_owned(),
-                server,
-            }),
-            Err(LaunchError::NotInstalled { .. }) => Err("redis-server not found on PATH. \
-                 Install it (Debian/Ubuntu: `sudo apt-get install redis-server`, or run \
-                 scripts/ensure-redis), or pass --redis-url"
-                .into()),
-            Err(e) => Err(format!("redis-server did not start: {e}")),
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.server.pid().unwrap_or(0)
-    }
+/// Starts the bench's own `redis-server` on a free loopback port, with no
+/// persistence, in a temporary directory that is removed on drop.
+pub fn start_redis() -> Result<RedisServer, String> {
+    let builder = RedisServer::builder().appendonly(false);
+    builder.try_start().map_err(|e| match e {
+        LaunchError::NotInstalled { .. } => "redis-server not found on PATH. \
+             Install it (Debian/Ubuntu: `sudo apt-get install redis-server`, or run \
+             scripts/ensure-redis), or pass --redis-url"
+            .into(),
+        e => format!("redis-server did not start: {e}"),
+    })
 }
 
 /// The service under test, running as a child (the bench binary re-executed
 /// with the hidden `__serve` subcommand), so that its RSS and CPU time can be
 /// read from `/proc/<pid>` apart from the load generator's.
 pub struct ServiceProc {
-    guard: ChildGuard,
+    /// The child, which prints `LISTENING <addr>` on its stdout (into a log
+    /// file) and its own messages on the bench's stderr.
+    process: Process,
+    /// Where it serves gRPC.
     pub addr: SocketAddr,
+    /// Holds the stdout log; declared last, so it is removed after the
+    /// child is killed.
+    _dir: TempDir,
 }
 
 impl ServiceProc {
     /// Starts the service with `config_toml` and waits for the address it listens on.
-    pub fn start(config_toml: &str) -> Result<ServiceProc, String> {
-        ServiceProc::spawn(&["__serve", "--config-toml", config_toml], &[])
+    pub async fn start(config_toml: &str) -> Result<ServiceProc, String> {
+        ServiceProc::spawn(&["__serve", "--config-toml", config_toml], &[]).await
     }
 
     /// [`ServiceProc::start`] with `env` set for the service.
-    pub fn start_with_env(
+    pub async fn start_with_env(
         config_toml: &str,
         env: &[(&str, String)],
     ) -> Result<ServiceProc, String> {
-        ServiceProc::spawn(&["__serve", "--config-toml", config_toml], env)
+        ServiceProc::spawn(&["__serve", "--config-toml", config_toml], env).await
     }
 
     /// Starts the frozen service floor (row 2c) on the Redis at `redis_url`.
-    pub fn start_floor(redis_url: &str) -> Result<ServiceProc, String> {
-        ServiceProc::spawn(&["__floor_serve", "--redis-url", redis_url], &[])
+    pub async fn start_floor(redis_url: &str) -> Result<ServiceProc, String> {
+        ServiceProc::spawn(&["__floor_serve", "--redis-url", redis_url], &[]).await
     }
 
     /// Starts this binary with `args` and waits for the address it reports.
-    fn spawn(args: &[&str], env: &[(&str, String)]) -> Result<ServiceProc, String> {
+    async fn spawn(args: &[&str], env: &[(&str, String)]) -> Result<ServiceProc, String> {
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-        let mut cmd = Command::new(exe);
-        cmd.args(args)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        die_with_parent(&mut cmd);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start the service: {e}"))?;
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let mut guard = ChildGuard::new(child);
-        // A thread, so that a child that hangs before printing cannot hang
-        // the bench: the wait below has a timeout.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .map_err(|_| "the service did not report its address within 20 s".to_string())?;
-        let addr = line
-            .trim()
-            .strip_prefix("LISTENING ")
-            .and_then(|a| a.parse().ok())
-            .ok_or_else(|| {
-                guard.stop();
-                format!(
-                    "the service failed to start (first line: {:?})",
-                    line.trim()
-                )
-            })?;
-        Ok(ServiceProc { guard, addr })
+        let dir = tempfile::Builder::new()
+            .prefix("batcher-bench-")
+            .tempdir()
+            .map_err(|e| format!("a temporary directory: {e}"))?;
+        let listening = AddrLine::Prefix("LISTENING ".into());
+        let spawn = Spawn::new(exe, dir.path().join("stdout.log"), listening)
+            .args(args)
+            .stderr_inherit()
+            .timeout(SERVICE_START);
+        let spawn = env
+            .iter()
+            .fold(spawn, |spawn, (key, value)| spawn.env(key, value));
+        let process = spawn
+            .run()
+            .await
+            .map_err(|e| format!("the service failed to start: {e}"))?;
+        Ok(ServiceProc {
+            addr: process.addr,
+            process,
+            _dir: dir,
+        })
     }
 
+    /// The service's pid.
     pub fn pid(&self) -> u32 {
-        self.guard.pid()
+        self.process.pid()
     }
 }
 

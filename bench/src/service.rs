@@ -3,16 +3,22 @@
 //! fresh service, over an emptied Redis when the bench owns it.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batcher::config::Config;
 use batcher::keys::Keyspace;
 use batcher::pb;
+use batcher_testkit::Wait;
 
 use super::load;
 use super::policies::RULES_CONFIG;
-use super::procs::{RedisServer, ServiceProc};
+use super::procs::{self, RedisServer, ServiceProc};
 use super::scenarios::{Target, precision_waits};
+
+/// How long a fresh service may take to answer a call that reaches Redis.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// The pause between two calls while it does not answer.
+const READY_POLL: Duration = Duration::from_millis(50);
 
 /// The service config every scenario runs with. One config for all, with a
 /// key glob per scenario policy, so that an external service can run it too.
@@ -90,10 +96,10 @@ impl Env {
     ) -> Result<Env, String> {
         let redis = match redis_url {
             Some(_) => None,
-            None => Some(RedisServer::start().await?),
+            None => Some(procs::start_redis()?),
         };
         let redis_url = redis_url
-            .or_else(|| redis.as_ref().map(|r| r.url.clone()))
+            .or_else(|| redis.as_ref().map(RedisServer::url))
             .expect("a Redis URL");
         let config_text = service_config(&redis_url);
         let config = Config::parse(&config_text, "bench")
@@ -129,7 +135,7 @@ impl Env {
         let (addr, service_pid) = match self.external_service {
             Some(addr) => (addr, None),
             None => {
-                let service = ServiceProc::start(&self.config_text)?;
+                let service = ServiceProc::start(&self.config_text).await?;
                 let started = (service.addr, Some(service.pid()));
                 self.service = Some(service);
                 started
@@ -139,7 +145,7 @@ impl Env {
         Ok(Target {
             addr,
             service_pid,
-            redis_pid: self.redis.as_ref().map(RedisServer::pid),
+            redis_pid: self.redis.as_ref().and_then(RedisServer::pid),
             redis_url: self.redis_url.clone(),
             masters: Vec::new(),
         })
@@ -154,11 +160,11 @@ impl Env {
         }
         self.service = None;
         self.flush().await?;
-        let floor = ServiceProc::start_floor(&self.redis_url)?;
+        let floor = ServiceProc::start_floor(&self.redis_url).await?;
         let target = Target {
             addr: floor.addr,
             service_pid: Some(floor.pid()),
-            redis_pid: self.redis.as_ref().map(RedisServer::pid),
+            redis_pid: self.redis.as_ref().and_then(RedisServer::pid),
             redis_url: self.redis_url.clone(),
             masters: Vec::new(),
         };
@@ -199,22 +205,16 @@ impl Env {
 
 /// Waits until the service answers a call that reaches Redis.
 pub async fn wait_ready(addr: SocketAddr) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        match load::connect(addr).await {
-            Ok(mut client) => {
-                let request = pb::GetGroupRequest {
-                    key: "bench-ready".into(),
-                };
-                match client.get_group(request).await {
-                    Ok(_) => return Ok(()),
-                    Err(status) => last = status.message().to_string(),
-                }
-            }
-            Err(e) => last = e,
+    let wait = Wait::new(format!("the service at {addr} to be ready"), READY_TIMEOUT);
+    let ready = wait.every(READY_POLL).until_ok(|| async move {
+        let mut client = load::connect(addr).await?;
+        let request = pb::GetGroupRequest {
+            key: "bench-ready".into(),
+        };
+        match client.get_group(request).await {
+            Ok(_) => Ok(()),
+            Err(status) => Err(status.message().to_string()),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err(format!("the service at {addr} is not ready: {last}"))
+    });
+    ready.await.map_err(|e| e.to_string())
 }

@@ -105,12 +105,12 @@ pub async fn run(
             ],
             false => Vec::new(),
         };
-        let service = ServiceProc::start_with_env(&env.config_text, &vars)?;
+        let service = ServiceProc::start_with_env(&env.config_text, &vars).await?;
         wait_ready(service.addr).await?;
         let target = Target {
             addr: service.addr,
             service_pid: Some(service.pid()),
-            redis_pid: env.redis.as_ref().map(RedisServer::pid),
+            redis_pid: env.redis.as_ref().and_then(RedisServer::pid),
             redis_url: env.redis_url.clone(),
             masters: Vec::new(),
         };

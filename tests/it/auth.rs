@@ -14,6 +14,7 @@ use crate::support::{
 use batcher::cli::Bearer;
 use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
+use batcher_testkit::{AddrLine, Spawn};
 use sha2::{Digest, Sha256};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -449,7 +450,7 @@ async fn sighup_adds_and_removes_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("batcher.toml");
     std::fs::write(&path, config_text(&redis, &TOKENS[..1])).unwrap();
-    let process = support::Process::start(&path, dir.path()).await;
+    let process = support::serve(&path, dir.path()).start().await;
     let mut old = client(process.addr, Some("producer")).await;
     let mut new = client(process.addr, Some("reader")).await;
     call(&mut old, "Add", "k").await.unwrap();
@@ -495,18 +496,15 @@ async fn open_port_without_auth_warns() {
     let path = dir.path().join("batcher.toml");
     std::fs::write(&path, config_text(&redis, &[])).unwrap();
     let log = dir.path().join("batcher.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_batcher"))
+    // Bound by the process itself, so no probe can race another bind.
+    let serving = AddrLine::Event("serving".into());
+    let process = Spawn::new(env!("CARGO_BIN_EXE_batcher"), log, serving)
         .args(["serve", "--config"])
         .arg(&path)
         .args(["--listen", "0.0.0.0:0"])
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap();
-    // Bound by the process itself, so no probe can race another bind.
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let process = support::Process { child, addr, log };
+        .env("RUST_LOG", "info")
+        .bound()
+        .await;
     eventually("the open-port warning", || async {
         process.log().contains("auth is off").then_some(())
     })

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    Process, RedisServer, Service, add, assert_invalid, config, eventually, next_batch, stream_len,
+    RedisServer, Service, add, assert_invalid, config, eventually, next_batch, stream_len,
     wait_for_calls,
 };
 use batcher::pb;
@@ -343,7 +343,7 @@ async fn pending_batches_survive_an_instance_crash() {
     let path = dir.path().join("batcher.toml");
     let text = support::config_text(&redis.url(), &durable("400ms", 100));
     std::fs::write(&path, text).unwrap();
-    let mut doomed = Process::start(&path, dir.path()).await;
+    let mut doomed = support::serve(&path, dir.path()).start().await;
     let mut client = support::client(doomed.addr).await;
     let mut stream = subscribe(&mut client, "g", "on-doomed").await;
     let held: HashSet<String> = flush_n(&mut client, "k", 5).await.into_iter().collect();

@@ -14,7 +14,7 @@ use batcher::pb;
 use batcher::policy::{Policies, Policy, PolicyHandle};
 use batcher::store::{NewItem, RedisTarget, Store, Timeouts};
 
-use crate::support::{Process, RedisServer, add, eventually, next_batch};
+use crate::support::{RedisServer, add, eventually, next_batch};
 
 /// A store whose policies the test swaps, as a reload does.
 fn open(redis: &RedisServer, handle: &PolicyHandle) -> Store {
@@ -201,7 +201,7 @@ async fn flush_rpc_after_a_reload_returns_every_batch_of_the_cut() {
         std::fs::write(&path, text).unwrap();
     };
     write(10);
-    let process = Process::start(&path, dir.path()).await;
+    let process = support::serve(&path, dir.path()).start().await;
     let mut client = support::client(process.addr).await;
     let mut stream = client
         .subscribe(pb::SubscribeRequest::default())

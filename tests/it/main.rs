@@ -1,6 +1,7 @@
 //! The integration tests, one binary: a module per area of the service, and
 //! the harness in `support` (real redis-server processes on free ports, the
-//! one shared Redis Cluster, the service in-process or as a child process).
+//! one shared Redis Cluster, the service in-process or as a child process),
+//! most of it the `batcher-testkit` crate, which the bench uses too.
 //!
 //! One binary links the crate once, and lets every cluster test share one
 //! Redis Cluster (each under its own key prefix). What is global to the

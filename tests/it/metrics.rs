@@ -11,9 +11,7 @@ use crate::support;
 use std::net::SocketAddr;
 
 use crate::support::scrape::{Scrape, scrape};
-use crate::support::{
-    Process, RedisServer, add, config_text, eventually, next_batch, process_with,
-};
+use crate::support::{RedisServer, add, config_text, eventually, next_batch, process_with};
 use batcher::metrics::FAMILIES;
 use batcher::pb;
 
@@ -245,7 +243,10 @@ async fn json_logs_have_a_line_per_flush_without_payloads() {
     let extra = "[log]\nformat = \"json\"\n\n[defaults]\nmax_items = 1\n";
     let text = config_text(&redis.url(), extra);
     std::fs::write(&path, text).unwrap();
-    let process = Process::start_logging(&path, dir.path(), "info,batcher=debug").await;
+    let process = support::serve(&path, dir.path())
+        .env("RUST_LOG", "info,batcher=debug")
+        .start()
+        .await;
     let mut client = support::client(process.addr).await;
     let reply = client
         .add(add("depot-7", "parcel-1", b"SECRET-PAYLOAD-TEXT"))

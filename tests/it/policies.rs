@@ -13,8 +13,8 @@ use crate::support::policy::{
     subscribe_all, weighed,
 };
 use crate::support::{
-    Process, Service, all_batches, assert_invalid, config, eventually, next_batch, placements,
-    store, stream_len,
+    Service, all_batches, assert_invalid, config, eventually, next_batch, placements, store,
+    stream_len,
 };
 use batcher::pb;
 use pb::FlushReason;
@@ -322,7 +322,7 @@ async fn a_reload_lowering_capacity_applies_to_the_next_add() {
         std::fs::write(&path, text).unwrap();
     };
     write(1000);
-    let process = Process::start(&path, dir.path()).await;
+    let process = support::serve(&path, dir.path()).start().await;
     let mut client = support::client(process.addr).await;
     added(&mut client, weighed("k", "a", &[("weight_g", 300)])).await;
 

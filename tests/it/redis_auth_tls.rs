@@ -9,7 +9,7 @@ use crate::support;
 use std::path::Path;
 
 use crate::support::tls::{Certs, tls_only_server};
-use crate::support::{Process, Service, add, eventually, next_batch};
+use crate::support::{Service, add, eventually, next_batch};
 use batcher::config::Config;
 use batcher::embedded::launcher::{Cluster, ClusterOptions, Launch};
 use batcher::pb;
@@ -155,7 +155,7 @@ async fn warns_auth_failed(text: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("batcher.toml");
     std::fs::write(&path, text).unwrap();
-    let process = Process::start(&path, dir.path()).await;
+    let process = support::serve(&path, dir.path()).start().await;
     eventually("the start-up warning", || async {
         process
             .log()

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::support::{
-    Process, RedisServer, Service, add, all_batches, assert_error_info, config, eventually,
-    next_batch, placements, store, wait_health,
+    RedisServer, Service, add, all_batches, assert_error_info, config, eventually, next_batch,
+    placements, store, wait_health,
 };
 use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
@@ -342,7 +342,7 @@ async fn sigkill_mid_load_loses_nothing() {
         ),
     )
     .unwrap();
-    let mut first = Process::start(&path, dir.path()).await;
+    let mut first = support::serve(&path, dir.path()).start().await;
     let mut clients = Vec::new();
     for _ in 0..8 {
         clients.push(support::client(first.addr).await);
@@ -353,7 +353,7 @@ async fn sigkill_mid_load_loses_nothing() {
     first.kill();
     let (accepted, retries) = load.finish().await;
 
-    let second = Process::start(&path, dir.path()).await;
+    let second = support::serve(&path, dir.path()).start().await;
     let mut client = support::client(second.addr).await;
     // The callers retry what got no answer: each lands at most once more.
     for (key, id) in &retries {
@@ -443,7 +443,7 @@ async fn sighup_reloads_policies() {
         .unwrap();
     };
     write(10, "10m");
-    let process = Process::start(&path, dir.path()).await;
+    let process = support::serve(&path, dir.path()).start().await;
     let mut client = support::client(process.addr).await;
     let mut batches = client
         .subscribe(pb::SubscribeRequest::default())
@@ -522,7 +522,7 @@ async fn embedded_redis_keeps_data_and_stops_cleanly() {
         ),
     )
     .unwrap();
-    let mut first = Process::start(&path, dir.path()).await;
+    let mut first = support::serve(&path, dir.path()).start().await;
     let mut client = support::client(first.addr).await;
     client.add(add("k", "a", b"kept")).await.unwrap();
     assert!(data.join("appendonlydir").is_dir());
@@ -536,7 +536,7 @@ async fn embedded_redis_keeps_data_and_stops_cleanly() {
         first.log()
     );
 
-    let second = Process::start(&path, dir.path()).await;
+    let second = support::serve(&path, dir.path()).start().await;
     let mut client = support::client(second.addr).await;
     let group = client
         .get_group(pb::GetGroupRequest { key: "k".into() })

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::support::load::{ItemRef, Placement, Tally, placement};
 use crate::support::{
     DEADLINE, Process, RedisServer, add, all_batches, channel, config, config_text, eventually,
-    process_with, store, wait_health,
+    process_with, serve, store, wait_health,
 };
 use batcher::keys::Keyspace;
 use batcher::pb;
@@ -230,7 +230,7 @@ async fn restart(instances: &mut [Option<Process>], i: usize, endpoints: &Endpoi
     let stopping = Instant::now();
     old.stop().await;
     let stopped = stopping.elapsed();
-    let new = Process::start(&dir.join("batcher.toml"), &dir).await;
+    let new = serve(&dir.join("batcher.toml"), &dir).start().await;
     endpoints.lock().unwrap()[i] = new.addr;
     wait_health(new.addr, ServingStatus::Serving).await;
     instances[i] = Some(new);

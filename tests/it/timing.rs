@@ -6,9 +6,7 @@ use crate::support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::support::{
-    Process, RedisServer, Service, add, config, next_batch, wait_for_first_sweeps,
-};
+use crate::support::{RedisServer, Service, add, config, next_batch, wait_for_first_sweeps};
 use batcher::pb;
 
 fn ms(ts: &prost_types::Timestamp) -> i64 {
@@ -89,7 +87,7 @@ async fn a_live_instance_flushes_groups_another_instance_opened() {
     let path = dir.path().join("batcher.toml");
     let text = support::config_text(&redis.url(), ANOTHER);
     std::fs::write(&path, text).unwrap();
-    let opener = Process::start(&path, dir.path()).await;
+    let opener = support::serve(&path, dir.path()).start().await;
     let mut opener_client = support::client(opener.addr).await;
     for key in ["a", "b", "c"] {
         opener_client.add(add(key, "1", b"")).await.unwrap();

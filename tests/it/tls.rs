@@ -236,7 +236,7 @@ async fn sighup_rotates_the_certificate() {
     let certs = Certs::generate(dir.path());
     let path = dir.path().join("batcher.toml");
     std::fs::write(&path, config_text(&redis, &tls_toml(&certs, None))).unwrap();
-    let process = support::Process::spawn(&path, dir.path()).await;
+    let process = support::serve(&path, dir.path()).bound().await;
     eventually("the TLS port to serve", || async {
         served(process.addr, &certs.ca_file, None)
             .await

@@ -6,9 +6,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use batcher::pb;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
@@ -22,7 +20,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
 
-use crate::support::{self, DEADLINE, Process, RedisServer, config_text, eventually, next_batch};
+use crate::support::{self, Process, RedisServer, config_text, eventually, next_batch};
 
 type Client = pb::batcher_client::BatcherClient<tonic::transport::Channel>;
 
@@ -147,57 +145,11 @@ fn attributes(span: &Span) -> HashMap<String, String> {
 async fn serve(redis: &RedisServer, dir: &Path, env: &[(&str, String)]) -> Process {
     let config = dir.join("batcher.toml");
     std::fs::write(&config, config_text(&redis.url(), POLICIES)).unwrap();
-    let log = dir.join("batcher.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_batcher"));
-    command
-        .args(["serve", "--config"])
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .stdin(Stdio::null());
-    for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("OTEL_")) {
-        command.env_remove(name);
-    }
-    command.envs(env.iter().map(|(name, value)| (*name, value)));
-    let mut process = Process {
-        child: command.spawn().expect("spawn batcher"),
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        log,
-    };
-    let start = Instant::now();
-    process.addr = loop {
-        let text = std::fs::read_to_string(&process.log).unwrap_or_default();
-        let addr = text
-            .lines()
-            .map(without_colours)
-            .find_map(|line| line.split_once(": serving addr=")?.1.parse().ok());
-        if let Some(addr) = addr {
-            break addr;
-        }
-        if let Some(status) = process.child.try_wait().unwrap() {
-            panic!("batcher exited ({status}) before serving:\n{text}");
-        }
-        assert!(start.elapsed() < DEADLINE, "batcher did not serve:\n{text}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    support::client(process.addr).await;
-    process
-}
-
-/// `line` without its ANSI colour sequences (`ESC [ ... m`).
-fn without_colours(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\u{1b}' => drop(chars.by_ref().find(|c| *c == 'm')),
-            c => out.push(c),
-        }
-    }
-    out
+    let spawn = support::serve(&config, dir).env_remove_prefix("OTEL_");
+    let spawn = env
+        .iter()
+        .fold(spawn, |spawn, (name, value)| spawn.env(name, value));
+    spawn.start().await
 }
 
 /// The environment that turns tracing on, exporting to `receiver` every

@@ -1,5 +1,9 @@
-//! Test support: real Redis servers (see `redis`), the service in-process or
-//! as a child process, and waiting for events with deadlines.
+//! Test support: what only the tests need (the service in-process, test
+//! configs, reading the store, assertions on statuses and Redis's command
+//! counts), over the harness that the tests share with the bench, the
+//! `batcher-testkit` crate: real Redis servers (`redis`, `cluster`), the
+//! service as a child process (`Process`), clients, held ports and waits with
+//! deadlines, re-exported here under the names the tests use.
 #![allow(dead_code)]
 
 pub mod browser;
@@ -15,11 +19,9 @@ pub mod scrape;
 pub mod tls;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use batcher::batch::{Batch, StreamId};
 use batcher::config::Config;
@@ -32,9 +34,14 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 pub use self::redis::RedisServer;
+pub use batcher_testkit::{DEADLINE, HeldPort, Process, Spawn, channel, client, eventually};
 
-/// A deadline long enough for a loaded CI machine, short enough to fail fast.
-pub const DEADLINE: Duration = Duration::from_secs(30);
+/// `batcher serve --config <config_path>` of this package's binary, logging
+/// into `log_dir`: `.start()` it (until it accepts gRPC connections) or
+/// `.bound()` it (until it has bound its port).
+pub fn serve(config_path: &Path, log_dir: &Path) -> Spawn {
+    Spawn::serve(env!("CARGO_BIN_EXE_batcher"), config_path, log_dir)
+}
 
 /// A config for tests against `url`: `extra` TOML (top-level keys, then
 /// tables other than `[redis]`), then the `[redis]` table. `[http] listen`
@@ -58,7 +65,7 @@ pub fn config_text(url: &str, extra: &str) -> String {
 pub async fn process_with(dir: &Path, text: &str) -> Process {
     let path = dir.join("batcher.toml");
     std::fs::write(&path, text).expect("write the config file");
-    Process::start(&path, dir).await
+    serve(&path, dir).start().await
 }
 
 /// The service running in this process on a free port.
@@ -76,17 +83,15 @@ impl Service {
     /// listener (unless disabled) on another free port, whatever
     /// `[http] listen` says.
     pub async fn start(config: Config) -> Service {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await;
-        Service::start_on(listener.expect("bind"), config).await
+        Service::start_on(batcher_testkit::listener().await, config).await
     }
 
     /// [`Service::start`] on `listener`: a test that binds a fixed address
     /// can stop the service and start another where its clients point.
     pub async fn start_on(listener: tokio::net::TcpListener, config: Config) -> Service {
-        let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
         let http = match config.http.enabled {
-            true => Some(bind().await.expect("bind http")),
+            true => Some(batcher_testkit::listener().await),
             false => None,
         };
         let http_addr = http.as_ref().map(|l| l.local_addr().expect("local addr"));
@@ -122,81 +127,15 @@ impl Service {
     }
 }
 
-/// A loopback port held for a service that restarts. It is bound with
-/// SO_REUSEPORT, so the next holder can bind it while a service still
-/// listens on it, and while none listens, no client's ephemeral port (nor a
-/// client connecting to itself) can take it.
-pub struct HeldPort {
-    socket: tokio::net::TcpSocket,
-    pub addr: SocketAddr,
-}
-
-impl HeldPort {
-    /// Holds a free loopback port.
-    pub fn new() -> HeldPort {
-        HeldPort::at(SocketAddr::from(([127, 0, 0, 1], 0)))
-    }
-
-    /// Holds `addr` too, beside its current holder.
-    pub fn at(addr: SocketAddr) -> HeldPort {
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.set_reuseport(true).expect("SO_REUSEPORT");
-        socket.bind(addr).expect("bind a held port");
-        let addr = socket.local_addr().expect("local addr");
-        HeldPort { socket, addr }
-    }
-
-    /// Starts listening, for a service to serve on.
-    pub fn listen(self) -> tokio::net::TcpListener {
-        self.socket.listen(1024).expect("listen")
-    }
-}
-
 /// The error that stops the service from starting on `config`.
 pub async fn start_error(config: Config) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = batcher_testkit::listener().await;
     let run = batcher::server::run(listener, None, config, None, CancellationToken::new());
     let result = tokio::time::timeout(DEADLINE, run).await;
     result
         .expect("the start did not fail in time")
         .unwrap_err()
         .to_string()
-}
-
-/// A client connected to `addr`, retrying until the server listens.
-pub async fn client(addr: SocketAddr) -> BatcherClient<Channel> {
-    let url = format!("http://{addr}");
-    eventually("the service to accept connections", || {
-        let url = url.clone();
-        async move { BatcherClient::connect(url).await.ok() }
-    })
-    .await
-}
-
-/// A plaintext channel to `addr`; it connects on first use, so `addr` must
-/// be bound already (a service's listener is bound before it starts).
-pub fn channel(addr: SocketAddr) -> Channel {
-    Channel::from_shared(format!("http://{addr}"))
-        .expect("a URI")
-        .connect_lazy()
-}
-
-/// Polls `probe` until it returns Some, or panics after DEADLINE.
-pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    let mut pause = Duration::from_millis(5);
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(200));
-    }
 }
 
 /// The stream of `shard` under the default prefix and the tests' 4 shards.
@@ -306,179 +245,6 @@ pub fn placements(batches: &[Batch]) -> HashMap<(String, String), usize> {
         }
     }
     seen
-}
-
-/// The `batcher` binary as a child process.
-pub struct Process {
-    pub child: Child,
-    pub addr: SocketAddr,
-    pub log: PathBuf,
-}
-
-impl Process {
-    /// Starts `batcher serve --config <path>` on a free port (and its HTTP
-    /// listener on another) and waits until it accepts gRPC connections.
-    pub async fn start(config_path: &Path, log_dir: &Path) -> Process {
-        Process::start_logging(config_path, log_dir, "info").await
-    }
-
-    /// [`Process::start`], with `RUST_LOG` set to `rust_log`.
-    pub async fn start_logging(config_path: &Path, log_dir: &Path, rust_log: &str) -> Process {
-        let process = Process::spawn_logging(config_path, log_dir, rust_log).await;
-        client(process.addr).await;
-        process
-    }
-
-    /// Starts `batcher serve --config <path>` on a free port and waits until
-    /// it has bound it, but not until it serves (a TLS port needs a client
-    /// of its own to tell when it is up).
-    pub async fn spawn(config_path: &Path, log_dir: &Path) -> Process {
-        Process::spawn_logging(config_path, log_dir, "info").await
-    }
-
-    /// [`Process::spawn`], with `RUST_LOG` set to `rust_log`. The process
-    /// binds port 0 itself and logs the address it got, so no other bind can
-    /// take its port between a probe and its own bind.
-    async fn spawn_logging(config_path: &Path, log_dir: &Path, rust_log: &str) -> Process {
-        static SPAWNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let log = log_dir.join(format!("batcher-{}-{n}.log", std::process::id()));
-        let out = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_batcher"))
-            .args(["serve", "--config"])
-            .arg(config_path)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(["--http-listen", "127.0.0.1:0"])
-            .env("RUST_LOG", rust_log)
-            .stdout(out.try_clone().expect("log file"))
-            .stderr(out)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn batcher");
-        let unbound = SocketAddr::from(([127, 0, 0, 1], 0));
-        let mut process = Process {
-            child,
-            addr: unbound,
-            log,
-        };
-        process.addr = process.logged_addr("serving", "the gRPC port").await;
-        process
-    }
-
-    /// The address on the first line of the log whose message is exactly
-    /// `message` (in text or JSON logs), once the process has logged it.
-    /// Panics with the log if the process exits first, or after DEADLINE.
-    async fn logged_addr(&mut self, message: &str, what: &str) -> SocketAddr {
-        let start = Instant::now();
-        // The text form, colours removed: "LEVEL target: message addr=...".
-        let text_form = format!(": {message} addr=");
-        let json_form = format!("\"message\":\"{message}\"");
-        loop {
-            let log = self.log();
-            let line = log
-                .lines()
-                .map(without_colours)
-                .find(|l| l.contains(&text_form) || l.contains(&json_form));
-            if let Some(addr) = line.as_deref().and_then(loopback_addr) {
-                return addr;
-            }
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                panic!("batcher exited ({status}) before it logged {what}:\n{log}");
-            }
-            assert!(
-                start.elapsed() < DEADLINE,
-                "batcher did not log {what} within the deadline:\n{log}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Sends a signal to the process.
-    pub fn signal(&self, signal: i32) {
-        let rc = unsafe { libc::kill(self.child.id() as i32, signal) };
-        assert_eq!(rc, 0, "kill({signal}) failed");
-    }
-
-    /// Waits, until DEADLINE, for the process to exit; its exit status.
-    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let child = &mut self.child;
-        let log = &self.log;
-        let start = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                start.elapsed() < DEADLINE,
-                "the process did not exit within the deadline; its log:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Stops the process with SIGTERM and checks that it exits cleanly, in time.
-    pub async fn stop(mut self) {
-        self.signal(libc::SIGTERM);
-        let status = self.wait_exit().await;
-        assert!(
-            status.success(),
-            "exit {status:?}; its log:\n{}",
-            self.log()
-        );
-    }
-
-    /// SIGKILLs the process and reaps it.
-    pub fn kill(&mut self) {
-        self.signal(libc::SIGKILL);
-        self.child.wait().expect("wait");
-    }
-
-    /// The process's log so far. Panics when the log cannot be read, so a
-    /// check that a line is absent cannot pass on a failed read.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", self.log.display()))
-    }
-
-    /// Where the process serves HTTP (`GET /metrics`): the address its log
-    /// gives once the listener is bound. A child process has a metrics
-    /// recorder of its own, so its counters move only with its own calls.
-    pub async fn http_addr(&mut self) -> SocketAddr {
-        let message = "serving http (GET /metrics, the web view at /)";
-        self.logged_addr(message, "its HTTP port").await
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `line` without its ANSI colour sequences (`ESC [ ... m`).
-fn without_colours(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            chars.by_ref().find(|c| *c == 'm');
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// The first `127.0.0.1:PORT` in a log line.
-fn loopback_addr(line: &str) -> Option<SocketAddr> {
-    let at = line.find("127.0.0.1:")?;
-    let addr: String = line[at..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    addr.parse().ok()
 }
 
 /// Asserts that `status` is INVALID_ARGUMENT with a message naming `field`,

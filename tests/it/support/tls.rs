@@ -88,31 +88,52 @@ impl Certs {
     }
 }
 
+/// How many free ports [`tls_only_server`] tries: redis-server binds its
+/// TLS port itself, after the probe has released it, so another bind can
+/// take it first.
+const PORT_ATTEMPTS: usize = 5;
+
 /// A redis-server in `dir` that listens only on a TLS port (`--port 0`),
 /// with `certs`, killed on drop; and its `rediss://127.0.0.1:PORT` URL.
-/// Returns once it answers PING over TLS.
+/// Returns once it answers PING over TLS; a server that exits first (its
+/// port was taken) is started again on another port.
 pub async fn tls_only_server(certs: &Certs, dir: &Path) -> (launcher::RedisServer, String) {
-    let port = launcher::free_port().unwrap();
-    let server = Launch::new()
-        .dir(dir)
-        .listen(Listen::Port(port))
-        .config("port", "0")
-        .tls(port, &certs.cert_file, &certs.key_file, &certs.ca_file)
-        .config("appendonly", "no")
-        .spawn()
-        .unwrap();
-    let url = format!("rediss://127.0.0.1:{port}");
-    let client = certs.client(&url);
-    eventually("the TLS redis-server to answer PING", || {
+    let mut log = PathBuf::new();
+    for _ in 0..PORT_ATTEMPTS {
+        let port = launcher::free_port().unwrap();
+        let server = Launch::new()
+            .dir(dir)
+            .listen(Listen::Port(port))
+            .config("port", "0")
+            .tls(port, &certs.cert_file, &certs.key_file, &certs.ca_file)
+            .config("appendonly", "no")
+            .spawn()
+            .unwrap();
+        let url = format!("rediss://127.0.0.1:{port}");
+        if answers_tls(certs, &url, &server).await {
+            return (server, url);
+        }
+        log = server.log_path().to_owned();
+    }
+    let tail = launcher::log_tail(&log, launcher::LOG_TAIL_LINES);
+    panic!("no TLS redis-server came up on {PORT_ATTEMPTS} free ports; its log:\n{tail}")
+}
+
+/// Waits until `server` answers PING over TLS at `url` (true), or exits
+/// (false).
+async fn answers_tls(certs: &Certs, url: &str, server: &launcher::RedisServer) -> bool {
+    let client = certs.client(url);
+    eventually("the TLS redis-server to answer PING or exit", || {
         let client = client.clone();
+        let running = server.is_running();
         async move {
+            if !running {
+                return Some(false);
+            }
             let mut con = client.get_multiplexed_async_connection().await.ok()?;
-            redis::cmd("PING")
-                .query_async::<String>(&mut con)
-                .await
-                .ok()
+            let pong = redis::cmd("PING").query_async::<String>(&mut con).await;
+            pong.ok().map(|_| true)
         }
     })
-    .await;
-    (server, url)
+    .await
 }
