@@ -251,6 +251,12 @@ impl Caller {
         .with("token", &self.token)
     }
 
+    /// Whether the caller may see every key (auth off, or a token without
+    /// key prefixes).
+    pub fn reaches_every_key(&self) -> bool {
+        self.prefixes.is_empty()
+    }
+
     /// PERMISSION_DENIED unless `key` starts with one of the token's prefixes.
     pub fn check_key(&self, key: &str) -> Result<(), Error> {
         match self.in_scope(key) {

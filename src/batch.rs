@@ -158,6 +158,9 @@ flush_reasons! {
     MaxAge = "MAX_AGE",
     /// An add with `close_group` closed it.
     Closed = "CLOSED",
+    /// An add whose key's policy flushes the oldest made room under a
+    /// limit on open groups.
+    Overflow = "OVERFLOW",
 }
 
 impl FlushReason {
@@ -331,10 +334,38 @@ pub fn parse_sums(sums: &[u8]) -> Result<BTreeMap<String, u64>, DecodeError> {
 }
 
 /// What an add did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AddOutcome {
     Added,
     Duplicate,
+    /// Nothing was written: the key had no open group, and opening one
+    /// would pass this limit on open groups (and its policy's overflow
+    /// refuses, or flushing the oldest did not make room in time).
+    Refused(OpenLimit),
+}
+
+/// A limit on open groups that an add can meet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpenLimit {
+    /// The service's `[limits] max_open_groups`.
+    Service,
+    /// The `max_groups` of the key's policy, by its scope ("d" for the
+    /// defaults, "k" and the pattern for a key table).
+    Policy(std::sync::Arc<str>),
+}
+
+impl OpenLimit {
+    /// The limit as the config and the policy API name it, such as
+    /// "limits.max_open_groups" or "policies/keys/area-*.max_groups".
+    pub fn name(&self) -> String {
+        match self {
+            OpenLimit::Service => "limits.max_open_groups".into(),
+            OpenLimit::Policy(scope) => match scope.strip_prefix('k') {
+                Some(pattern) => format!("policies/keys/{pattern}.max_groups"),
+                None => "policies/defaults.max_groups".into(),
+            },
+        }
+    }
 }
 
 /// The result of one add.
@@ -377,7 +408,7 @@ mod tests {
             FlushReason::lua_table(),
             "local REASON = { SIZE = 'SIZE', TIMEOUT = 'TIMEOUT', BYTES = 'BYTES', MANUAL = 'MANUAL', \
              CAPACITY = 'CAPACITY', IDLE = 'IDLE', CUTOFF = 'CUTOFF', DEADLINE = 'DEADLINE', \
-             MAX_AGE = 'MAX_AGE', CLOSED = 'CLOSED' }\n"
+             MAX_AGE = 'MAX_AGE', CLOSED = 'CLOSED', OVERFLOW = 'OVERFLOW' }\n"
         );
     }
 

@@ -31,6 +31,9 @@ pub struct ShardKeys {
     /// Sorted set of requeued items, `<batch id>:<item id>`, scored by the
     /// batch's stream time: trimming the stream forgets them.
     pub requeued: String,
+    /// Sorted set indexing the groups opened under a limit on open groups
+    /// (see `src/lua/limits.lua`).
+    pub open_index: String,
 }
 
 impl Keyspace {
@@ -79,6 +82,7 @@ impl Keyspace {
             stream: format!("{tag}:batches"),
             flushed: format!("{tag}:flushed"),
             requeued: format!("{tag}:requeued"),
+            open_index: format!("{tag}:open"),
         }
     }
 

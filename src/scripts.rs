@@ -21,9 +21,10 @@ use crate::batch::FlushReason;
 pub const FORMAT: u32 = 2;
 
 /// The library's files, in the order they are joined into its body.
-const FILES: [&str; 4] = [
+const FILES: [&str; 5] = [
     include_str!("lua/layout.lua"),
     include_str!("lua/batches.lua"),
+    include_str!("lua/limits.lua"),
     include_str!("lua/add.lua"),
     include_str!("lua/groups.lua"),
 ];
@@ -43,16 +44,19 @@ pub enum Function {
     Due,
     /// Brings one open group under a shorter `max_wait`.
     Retime,
+    /// Reads one shard's open-group index (limits on open groups).
+    OpenStats,
 }
 
 impl Function {
-    const ALL: [(Function, &'static str); 6] = [
+    const ALL: [(Function, &'static str); 7] = [
         (Function::Add, "add"),
         (Function::Flush, "flush"),
         (Function::Remove, "remove"),
         (Function::Group, "group"),
         (Function::Due, "due"),
         (Function::Retime, "retime"),
+        (Function::OpenStats, "open_stats"),
     ];
 
     /// Its name in Redis: `batcher_<verb>_<library hash>`.

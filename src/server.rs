@@ -190,6 +190,7 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, Server
         PolicyHandle::new(config.policies()),
     )?
     .with_max_queued_adds(config.limits.max_queued_adds);
+    store.set_max_open_groups(config.limits.max_open_groups);
     let pinged = match store.ping().await {
         // A cluster client hides why it could not connect behind "no
         // connections found"; a connection of its own says why.

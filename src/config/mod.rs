@@ -343,6 +343,10 @@ pub struct Limits {
     /// `shards × max_queued_adds` ÷ the items per second Redis takes, which
     /// must stay well under the per-call deadline (`[redis] response_timeout`).
     pub max_queued_adds: NonZeroUsize,
+    /// Most groups open at once over all keys (0: no limit), split evenly
+    /// over the shards, each enforcing its part atomically. What an add
+    /// past it does is its key's policy's `overflow`.
+    pub max_open_groups: u32,
 }
 
 impl Default for Limits {
@@ -356,6 +360,7 @@ impl Default for Limits {
             max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_queued_adds: DEFAULT_MAX_QUEUED_ADDS,
+            max_open_groups: 0,
         }
     }
 }

@@ -19,7 +19,7 @@ use jiff::tz::TimeZone;
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::{DEFAULT_MAX_BYTES, DEFAULT_MAX_ITEMS, DEFAULT_MAX_WAIT};
-use crate::policy::{Cutoffs, Policy};
+use crate::policy::{Cutoffs, Overflow, Policy};
 
 /// Default `[defaults] timezone`, the zone of `cutoffs`.
 pub const DEFAULT_TIMEZONE: &str = "UTC";
@@ -155,6 +155,12 @@ pub struct PolicyDefaults {
     /// `min_items` holds still leaves at this age.
     #[serde(with = "humantime_serde")]
     pub max_age: Option<Duration>,
+    /// The most groups this policy's keys may hold open at once (0: no
+    /// limit): a bad scanner inventing a key per parcel cannot fill Redis.
+    pub max_groups: u32,
+    /// What an add does that would open a group past `max_groups` or
+    /// `[limits] max_open_groups`: "refuse" or "flush_oldest".
+    pub overflow: Overflow,
 }
 
 impl Default for PolicyDefaults {
@@ -170,6 +176,8 @@ impl Default for PolicyDefaults {
             deadline_lead: DEFAULT_DEADLINE_LEAD,
             min_items: DEFAULT_MIN_ITEMS,
             max_age: None,
+            max_groups: 0,
+            overflow: Overflow::Refuse,
         }
     }
 }
@@ -192,6 +200,8 @@ impl PolicyDefaults {
             deadline_lead: self.deadline_lead,
             min_items: self.min_items,
             max_age: self.max_age,
+            max_groups: self.max_groups,
+            overflow: self.overflow,
             ..Policy::basic(
                 self.max_items.get(),
                 self.max_wait,
@@ -252,6 +262,13 @@ pub struct KeyPolicy {
     #[serde(with = "humantime_serde")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_age: Option<Duration>,
+    /// Overrides `[defaults] max_groups` for matching keys (0: no limit);
+    /// the table's keys are counted together, apart from other tables'.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_groups: Option<u32>,
+    /// Overrides `[defaults] overflow` for matching keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overflow: Option<Overflow>,
 }
 
 /// `max_bytes` as a number of bytes (bytesize writes a rounded text).
@@ -276,6 +293,8 @@ impl KeyPolicy {
             deadline_lead: Some(d.deadline_lead),
             min_items: Some(d.min_items),
             max_age: d.max_age,
+            max_groups: Some(d.max_groups),
+            overflow: Some(d.overflow),
         }
     }
 
@@ -293,6 +312,8 @@ impl KeyPolicy {
             deadline_lead: self.deadline_lead.unwrap_or(d.deadline_lead),
             min_items: self.min_items.unwrap_or(d.min_items),
             max_age: self.max_age.or(d.max_age),
+            max_groups: self.max_groups.unwrap_or(d.max_groups),
+            overflow: self.overflow.unwrap_or(d.overflow),
         }
     }
 }

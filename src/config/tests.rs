@@ -138,6 +138,7 @@ max_item_id_bytes = "1KiB"
 max_payload_bytes = "64KiB"
 max_items = 500
 max_add_many = 50
+max_open_groups = 5000
 [dedup]
 window = "1h 30m"
 [sweeper]
@@ -169,6 +170,7 @@ trim_every = "10s"
             max_payload_bytes: ByteSize::b(65536),
             max_items: nz(500),
             max_add_many: NonZeroUsize::new(50).unwrap(),
+            max_open_groups: 5000,
             ..Limits::default()
         }
     );

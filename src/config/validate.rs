@@ -8,6 +8,12 @@
 //! on each policy table merged over `[defaults]`: `min_items` with `max_age`
 //! and `max_items`, `max_age` with `max_wait`).
 //!
+//! `max_groups` and `overflow` need no rule: any `max_groups` is a limit
+//! (0: none), and an `overflow` in a table without one still says what an
+//! add past `[limits] max_open_groups` does. That limit is each instance's
+//! own, so a rule tying the two would pass a policy of the policy store on
+//! one instance and fail it on another.
+//!
 //! Each rule is one `ensure` call, most of them driven by a small table of
 //! fields; the first broken rule is returned as a [`Violation`] that names
 //! the path to the field, and `error` turns it into a message with a line.

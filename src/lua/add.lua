@@ -3,10 +3,17 @@
 -- capacity reached, close), and before an item when the item would not fit
 -- its capacity or the group's cutoff has passed.
 --
+-- A group that would open past a limit on open groups (see limits.lua) is
+-- not opened: its items are refused, or, when its policy's overflow flushes
+-- the oldest, they wait for the caller to flush the group the reply names
+-- (reason OVERFLOW, with the flush function, which declares its hash) and
+-- to add them again.
+--
 -- KEYS[1]: the shard's due set   KEYS[2]: its batch stream
 -- KEYS[3]: its recently-flushed set   KEYS[4]: its requeued set
 --   (batch_id ':' item_id, scored by the batch's stream time)
--- KEYS[4 + g]: the hash of group g, g = 1..G
+-- KEYS[5]: its open-group index (limits.lua)
+-- KEYS[5 + g]: the hash of group g, g = 1..G
 -- ARGV[1]: the dedup window (ms)
 -- ARGV[2]: P, then P policies, packed (see policy_of)
 -- then G, then per group: its key and its policy's number (1..P)
@@ -14,9 +21,13 @@
 --   after it and 'q' batch_id for an item requeued from that batch; its
 --   id; its payload; '' or its ext, packed for its policy's capacity
 -- Returns: {earliest due time this call set (ms) or 0, then per item:
---   outcome (1 added, 2 duplicate), its group's size after, the batches it
---   wrote or false}, a batch being {stream_id, reason, opened, flushed, n,
---   items, x, names}
+--   outcome (1 added, 2 duplicate, 3 refused, 4 waiting for room under the
+--   shard's limit, 5 under its policy's), its group's size after (refused:
+--   the limit, LIMIT.SHARD or LIMIT.POLICY; waiting: the number of the group
+--   to flush, from 1, or 0 for none yet), the batches it wrote or false;
+--   then the keys of the groups to flush to make room}, a batch being {stream_id,
+--   reason, opened, flushed, n, items, x, names}. (Flat: a nested table
+--   costs a reply more than the rest of a one-item call's reply.)
 --
 -- The work is per group: one ZMSCORE checks every id of the call against
 -- the flushed set, one HMGET per group reads its counters and which of the
@@ -35,6 +46,12 @@ local first_arrival, last_arrival, first_pending, last_pending = {}, {}, {}, {}
 local close, requeue_of, member, flushed_until = {}, {}, {}, {}
 local next_arrival, next_pending, item_seq, held, field_of = {}, {}, {}, {}, {}
 local fields, values_of_item, out = {}, {}, {}
+-- Per group g, its scope in the open-group index (false: not indexed) and
+-- its last arrival there; the call's index keys; the groups it names to
+-- flush to make room, their count, and how many it named per scope and
+-- for the shard's limit.
+local indexed, indexed_last, IX, room, room_n = {}, {}, false, {}, 0
+local named_in, named_shard = {}, false
 -- The due set's changes of the call, written once after the last group:
 -- (due, key) pairs to add, and keys to remove, with their counts.
 local due_set, due_gone, due_set_n, due_gone_n = {}, {}, 0, 0
@@ -109,12 +126,13 @@ local function resum(g, dict)
   chunked('HSET', hash[g], writes)
 end
 
--- Group g's fields (s, then m and x as its policy needs them) and the
--- call's ids in it (held[i]), in one HMGET; with one arrival, the usual
--- case, without building a list of fields.
-local function hmget_group(g, base)
+-- Group g's fields (s, then m and x as its policy needs them, then l when
+-- it is under a limit: `base` of them) and the call's ids in it
+-- (held[i]), in one HMGET; with one arrival and no limit, the usual case,
+-- without building a list of fields.
+local function hmget_group(g, base, limited)
   local i = first_arrival[g]
-  if not next_arrival[i] then
+  if not next_arrival[i] and not limited then
     local field, got = ITEM .. A[FIRST + 4 * i - 3], false
     field_of[i] = field
     if base == 1 then
@@ -128,6 +146,7 @@ local function hmget_group(g, base)
     return got
   end
   fields[1], fields[2], fields[3] = FIELD.state, FIELD.names, FIELD.rules
+  if limited then fields[base] = FIELD.limits end
   local count = base
   while i do
     count = count + 1
@@ -148,12 +167,15 @@ local function hmget_group(g, base)
   return got
 end
 
--- Reads group g: its counters, its rules when its policy has any, and
--- which of the call's ids it holds (held[i]).
+-- Reads group g: its counters, its rules when its policy has any, its
+-- index entry when its policy is under a limit, and which of the call's
+-- ids it holds (held[i]).
 local function read_group(g)
   local p = policy[g]
   local base = p.plain and (p.k > 0 and 2 or 1) or 3
-  local got = hmget_group(g, base)
+  local limited = p.tracked and base + 1
+  if limited then indexed[g] = false end
+  local got = hmget_group(g, limited or base, limited)
   if not got[1] then return end
   local dict = base > 1 and got[2] or ''
   exists[g], rules_read[g] = true, base == 3
@@ -165,6 +187,7 @@ local function read_group(g)
   seq[g], size[g], bytes[g], last[g], sums_valid[g] =
     read_state(got[1], dict == p.dictionary and p.k or 0, sums[g])
   stored[g] = size[g]
+  if limited and got[limited] then indexed[g], indexed_last[g] = read_limits_field(got[limited]) end
   if p.k > 0 and not sums_valid[g] then resum(g, dict) end
 end
 
@@ -266,6 +289,12 @@ local function keep_rest(g, list, from, o, dict, now)
     size[g], bytes[g] = size[g] + 1, bytes[g] + #list.payload[j]
   end
   if dict ~= '' then writes[#writes + 1], writes[#writes + 2] = FIELD.names, dict end
+  if p.tracked then
+    local scope = p.groups > 0 and p.scope or ''
+    writes[#writes + 1], writes[#writes + 2] = FIELD.limits, limits_field(scope, last[g])
+    index_open(IX, key[g], scope, tonumber(o), last[g])
+    indexed[g], indexed_last[g] = scope, last[g]
+  end
   chunked('HSET', hash[g], writes)
   local earliest = sum_items(rest, dict, dict, sums[g])
   sums_valid[g] = p.k > 0 and dict == p.dictionary
@@ -292,7 +321,8 @@ local function flush_open(ctx, g, reason, batches)
       rules[g], rules_read[g] = meta[FIELD.rules] and read_rules(meta[FIELD.rules]) or false, true
     end
     call('DEL', hash[g])
-    stored[g] = 0
+    stored[g], indexed[g] = 0, false
+    if meta[FIELD.limits] then unindex(IX, key[g], meta) end
   end
   local i = first_pending[g]
   while i do
@@ -325,8 +355,9 @@ end
 
 -- Makes room for item i in group g: flushes the group first when its
 -- cutoff has passed or the item would take it past its capacity, and
--- opens it when empty. Returns the batches written and whether the item
--- fills the capacity.
+-- opens it when empty. Returns the batches written, whether the item
+-- fills the capacity, and when the group cannot open, the limit it would
+-- pass and the group to flush to make room.
 local function make_room(ctx, g, v)
   local batches, full, p = false, false, policy[g]
   if size[g] > 0 and due[g] <= ctx.now then
@@ -338,10 +369,40 @@ local function make_room(ctx, g, v)
     if full == 'over' then batches, full = flush_open(ctx, g, REASON.CAPACITY, batches), false end
   end
   if size[g] == 0 then
+    if p.tracked then
+      local limit, oldest = over_limit(IX, p, named_in[p.scope] or 0, named_shard or 0)
+      if limit then return batches, false, limit, oldest end
+    end
     open_group(g, ctx.now, now_text(ctx))
     if p.k > 0 then full = fill(g, v, true) end
   end
   return batches, full
+end
+
+-- Writes the reply of item i, whose group could not open past `limit`:
+-- refused, or, when its policy flushes the oldest, waiting for room: for
+-- the group `oldest` to be flushed (named once in the call's list), or
+-- for a next try when the call named every group under the limit (0).
+local function turn_away(i, p, limit, oldest, batches)
+  if not p.flush_oldest then
+    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 3, limit, batches
+    return
+  end
+  local at = 0
+  for j = 1, room_n do
+    if room[j] == oldest then at = j end
+  end
+  if oldest and at == 0 then
+    room_n, at = room_n + 1, room_n + 1
+    room[at] = oldest
+    named_shard = named_shard or 0
+    if limit == LIMIT.POLICY then
+      named_in[p.scope] = (named_in[p.scope] or 0) + 1
+    else
+      named_shard = named_shard + 1
+    end
+  end
+  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 3 + limit, at, batches
 end
 
 -- Takes item i into group g, and writes its reply: a duplicate, or an
@@ -352,10 +413,11 @@ local function take(ctx, g, i, seen, requeued)
     return
   end
   local a, p = FIRST + 4 * i, policy[g]
-  if seen then seen[A[a - 3]] = true end
   local deadline, v = item_values(A[a - 1], p.k)
-  local batches, full = false, false
-  if size[g] == 0 or p.k > 0 or due[g] <= ctx.now then batches, full = make_room(ctx, g, v) end
+  local batches, full, limit, oldest = false, false, false, false
+  if size[g] == 0 or p.k > 0 or due[g] <= ctx.now then batches, full, limit, oldest = make_room(ctx, g, v) end
+  if limit then return turn_away(i, p, limit, oldest, batches) end
+  if seen then seen[A[a - 3]] = true end
   local n = size[g] + 1
   seq[g], last[g], added[g], size[g], bytes[g] = seq[g] + 1, ctx.now, true, n, bytes[g] + #A[a - 2]
   item_seq[i] = seq[g]
@@ -398,8 +460,15 @@ local function write_group(g)
     due_set_n = due_set_n + 2
   end
   local p, i = policy[g], first_pending[g]
+  local scope = p.tracked and (indexed[g] or stored[g] == 0 and (p.groups > 0 and p.scope or ''))
+  if scope and indexed[g] then
+    index_touch(IX, key[g], scope, indexed_last[g], last[g])
+  elseif scope then
+    index_open(IX, key[g], scope, tonumber(opened[g]), last[g])
+  end
   local s = state(seq[g], size[g], bytes[g], last[g], sums_valid[g] and p.k or 0, sums[g])
-  if i and not next_pending[i] and not rules_dirty[g] and (stored[g] > 0 or p.plain and p.k == 0) then
+  if i and not next_pending[i] and not rules_dirty[g] and not scope
+    and (stored[g] > 0 or p.plain and p.k == 0) then
     -- The usual write: the counters and one item, without a table for them.
     local a = FIRST + 4 * i
     local item = item_value(A[a - 1], item_seq[i], A[a - 2])
@@ -415,6 +484,7 @@ local function write_group(g)
     writes[3], writes[4] = FIELD.opened, opened[g]
     if p.k > 0 then writes[5], writes[6] = FIELD.names, p.dictionary end
   end
+  if scope then writes[#writes + 1], writes[#writes + 2] = FIELD.limits, limits_field(scope, last[g]) end
   if rules[g] and (stored[g] == 0 or rules_dirty[g]) then
     writes[#writes + 1], writes[#writes + 2] = FIELD.rules, rules_field(rules[g])
   end
@@ -435,8 +505,10 @@ local function add(keys, args)
   local n = (#args - FIRST + 1) / 4
   for g = 1, ng do
     local at = 2 + np + 2 * g
-    start_group(g, keys[4 + g], args[at], policy_of(args[2 + num(args[at + 1])]))
+    start_group(g, keys[5 + g], args[at], policy_of(args[2 + num(args[at + 1])]))
   end
+  IX, room_n = keys[5], 0
+  if named_shard then named_in, named_shard = {}, false end
   arrivals(n, ctx.flushed)
   local earliest = 0
   due_set_n, due_gone_n = 0, 0
@@ -454,7 +526,9 @@ local function add(keys, args)
   if due_set_n > 0 then chunked('ZADD', ctx.due, due_set, due_set_n) end
   if due_gone_n > 0 then chunked('ZREM', ctx.due, due_gone, due_gone_n) end
   finish(ctx)
-  out[1], out[3 * n + 2] = earliest, nil
+  out[1] = earliest
+  for j = 1, room_n do out[3 * n + 1 + j] = room[j] end
+  out[3 * n + 2 + room_n] = nil
   A = nil
   return out
 end

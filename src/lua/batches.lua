@@ -63,10 +63,15 @@ local function load_group(gkey)
 end
 
 -- What one call shares: the shard's keys, the Redis clock, the dedup
--- window, and the flushed set's new members (written once, by finish).
+-- window, and the flushed set's new members (2 per item written, written
+-- once, by finish). One table for every call (calls never overlap), so a
+-- call allocates none for it.
+local CTX, RECENT = {}, {}
 local function context(due, stream, flushed, dedup_ms, now)
-  return { due = due, stream = stream, flushed = flushed, now = now, dedup = dedup_ms,
-    written = 0, recent = {} }
+  local c = CTX
+  c.due, c.stream, c.flushed, c.now, c.dedup = due, stream, flushed, now, dedup_ms
+  c.written, c.recent, c.now_s, c.expire = 0, RECENT, nil, nil
+  return c
 end
 
 -- The clock as text, and until when an id flushed now counts as a
@@ -93,7 +98,7 @@ local parts, xparts = {}, {}
 -- Writes list's items from..to as one batch of `key` to the shard stream.
 -- Returns it as {stream_id, reason, opened, flushed, n, items, x, names}.
 local function write_batch(ctx, key, reason, opened, list, from, to, names)
-  local members, m, j, extras = ctx.recent, #ctx.recent, 0, false
+  local members, m, j, extras = ctx.recent, 2 * ctx.written, 0, false
   local prefix, expire, ids, payloads, exts = flushed_prefix(key), expiry(ctx), list.id, list.payload, list.ext
   for i = from, to do
     local id, payload = ids[i], payloads[i]
@@ -141,7 +146,7 @@ end
 -- bounded by what this call wrote, so the set shrinks as fast as it grows.
 local function finish(ctx)
   if ctx.written == 0 then return end
-  chunked('ZADD', ctx.flushed, ctx.recent)
+  chunked('ZADD', ctx.flushed, ctx.recent, 2 * ctx.written)
   local stale = call('ZRANGE', ctx.flushed, '-inf', now_text(ctx), 'BYSCORE', 'LIMIT', 0, 2 * ctx.written + 16)
   if #stale > 0 then chunked('ZREM', ctx.flushed, stale) end
 end

@@ -21,8 +21,13 @@ end
 -- it due; a group of fewer than min_items whose TIMEOUT or IDLE came is
 -- held instead, re-armed to the next rule that always flushes.
 --
+-- An OVERFLOW flush (an add's overflow made room) that finds no group open
+-- takes the key out of the open-group index, so a stale entry cannot keep
+-- naming it.
+--
 -- KEYS[1..3]: the shard's due set, stream and flushed set; KEYS[4]: the group's hash
--- ARGV[1]: the group's key   ARGV[2]: TIMEOUT (by due time) or MANUAL
+-- KEYS[5]: the shard's open-group index (limits.lua)
+-- ARGV[1]: the group's key   ARGV[2]: TIMEOUT (by due time), MANUAL or OVERFLOW
 -- ARGV[3]: the dedup window (ms)   ARGV[4]: max_items   ARGV[5]: min_items (0 = none)
 -- Returns: {due, batches}: the due time it had and the batches written;
 --   {0, {}} when no group is open (or, by due time, none is due), {new
@@ -30,8 +35,12 @@ end
 local function flush(keys, args)
   local ctx = context(keys[1], keys[2], keys[3], tonumber(args[3]), now_ms())
   local gkey, key, reason = keys[4], args[1], args[2]
+  local ix = keys[5]
   local due = call('ZSCORE', ctx.due, key)
-  if not due then return { 0, {} } end
+  if not due then
+    if reason == REASON.OVERFLOW then unindex_gone(ix, key) end
+    return { 0, {} }
+  end
   due = tonumber(due)
   if reason == REASON.TIMEOUT then
     if due > ctx.now then return { 0, {} } end
@@ -44,6 +53,7 @@ local function flush(keys, args)
   cut(ctx, key, reason, meta[FIELD.opened], list, tonumber(args[4]), false, meta[FIELD.names] or '', batches)
   call('DEL', gkey)
   call('ZREM', ctx.due, key)
+  unindex(ix, key, meta)
   finish(ctx)
   return { due, batches }
 end
@@ -67,11 +77,13 @@ end
 -- earliest deadline, the group's due time is computed again without it.
 --
 -- KEYS[1]: the shard's due set   KEYS[2]: the group's hash
+-- KEYS[3]: the shard's open-group index (limits.lua)
 -- ARGV[1]: the group's key   ARGV[2]: the item id   ARGV[3]: min_items (0 = none)
 -- Returns: {removed (1 or 0), the group's size after}
 local function remove(keys, args)
   local due_key, gkey, key = keys[1], keys[2], args[1]
-  local got = call('HMGET', gkey, ITEM .. args[2], FIELD.state, FIELD.names, FIELD.rules)
+  local got = call('HMGET', gkey, ITEM .. args[2], FIELD.state, FIELD.names, FIELD.rules, FIELD.limits,
+    FIELD.opened)
   if not got[2] then return { 0, 0 } end
   local names, sums = names_of(got[3] or ''), {}
   local seq, size, bytes, last, summed = read_state(got[2], #names, sums)
@@ -82,6 +94,7 @@ local function remove(keys, args)
   if size <= 0 then
     call('DEL', gkey)
     call('ZREM', due_key, key)
+    unindex(keys[3], key, { [FIELD.limits] = got[5], [FIELD.opened] = got[6] })
     return { 1, 0 }
   end
   local deadline, measures = 0, {}
@@ -183,4 +196,4 @@ local function retime(keys, args)
 end
 
 return { add = add, flush = flush, remove = remove, group = group, due = due_scan,
-  retime = retime }
+  retime = retime, open_stats = open_stats }

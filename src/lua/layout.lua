@@ -16,6 +16,9 @@
 --            the due time the rules gave last (all ms, 0 = none)
 --   m        the capacity measures that the items' packed values and the
 --            sums follow, joined by ';' (absent: none)
+--   l        when it opened under a limit on open groups: its policy's
+--            scope, NUL, its last arrival as the index has it (absent:
+--            not indexed; see limits.lua)
 --   ':' id   an item: its ext, its sequence number, ',' and its payload
 -- An item's ext is '' or, packed by the service: '+', a byte 1 + k, then
 -- 1 + k little-endian doubles (its deadline in ms or 0, then its value of
@@ -36,7 +39,7 @@ local call, tonumber, unpack, format = redis.call, tonumber, unpack, string.form
 local find, sub, byte, char, rep, gmatch = string.find, string.sub, string.byte, string.char, string.rep, string.gmatch
 local pack, unpack_struct = struct.pack, struct.unpack
 
-local FIELD = { opened = 'o', state = 's', rules = 'x', names = 'm' }
+local FIELD = { opened = 'o', state = 's', rules = 'x', names = 'm', limits = 'l' }
 local ITEM = ':'
 
 -- Most arguments one command gets from a list.
@@ -171,22 +174,29 @@ local function encode_ext(deadline, measures, names, rest)
     .. table.concat(text, ';') .. '|'
 end
 
--- A policy as the service packs it (struct '<dddddddddd' of max_items,
+-- A policy as the service packs it (struct '<dddddddddddddd' of max_items,
 -- max_bytes (0 = none), min_items (0 = none), max_wait, max_idle, the next
--- cutoff and the one after it, deadline_lead, max_age (ms, 0 = none) and k;
--- then k doubles, the capacity's limits; then its k measure names joined
--- by ';'), parsed once and remembered while the library stays loaded.
+-- cutoff and the one after it, deadline_lead, max_age (ms, 0 = none), k,
+-- its shard's part of its max_groups and of the service's limit on open
+-- groups (0 = none), its overflow (0 refuse, 1 flush the oldest) and the
+-- length of its scope; then k doubles, the capacity's limits; then its
+-- scope (see limits.lua); then its k measure names joined by ';'), parsed
+-- once and remembered while the library stays loaded.
 local policy_of = memo(function(blob)
-  local max_items, max_bytes, min_items, max_wait, idle, c1, c2, lead, age, k, at =
-    unpack_struct('<dddddddddd', blob)
+  local max_items, max_bytes, min_items, max_wait, idle, c1, c2, lead, age, k, groups, global,
+    overflow, scope_len, at = unpack_struct('<dddddddddddddd', blob)
   local limits = {}
   if k > 0 then
     limits = { unpack_struct(doubles(k), blob, at) }
     limits[k + 1] = nil
   end
-  local dictionary = sub(blob, at + 8 * k)
+  at = at + 8 * k
+  local scope = sub(blob, at, at + scope_len - 1)
+  local dictionary = sub(blob, at + scope_len)
   return { max_items = max_items, max_bytes = max_bytes, min_items = min_items,
     max_wait = max_wait, max_idle = idle, cutoff = c1, next_cutoff = c2, lead = lead,
     max_age = age, k = k, limits = limits, dictionary = dictionary, names = names_of(dictionary),
-    plain = idle == 0 and c1 == 0 and lead == 0 and age == 0 }
+    plain = idle == 0 and c1 == 0 and lead == 0 and age == 0,
+    groups = groups, global = global, flush_oldest = overflow == 1, scope = scope,
+    tracked = groups > 0 or global > 0 }
 end, 256)

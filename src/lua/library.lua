@@ -22,3 +22,5 @@ redis.register_function { function_name = 'batcher_group_' .. VERSION, callback 
   flags = { 'no-writes' } }
 redis.register_function { function_name = 'batcher_due_' .. VERSION, callback = entry('due'),
   flags = { 'no-writes' } }
+redis.register_function { function_name = 'batcher_open_stats_' .. VERSION,
+  callback = entry('open_stats'), flags = { 'no-writes' } }

@@ -30,7 +30,8 @@ use crate::batch::{AddOutcome, AddResult, Batch, FlushReason};
 
 pub use requests::{Requests, code_name, record_call};
 
-/// Items accepted by adds, by `outcome`: `added` or `duplicate`.
+/// Items of adds, by `outcome`: `added`, `duplicate`, or `refused` (by a
+/// limit on open groups).
 pub const ITEMS_ADDED: &str = "batcher_items_added_total";
 /// Batches this instance flushed, by `reason` (the flush reason, lowercase).
 pub const BATCHES_FLUSHED: &str = "batcher_batches_flushed_total";
@@ -40,6 +41,13 @@ pub const BATCH_ITEMS: &str = "batcher_batch_items";
 pub const FLUSH_LATENESS: &str = "batcher_flush_lateness_seconds";
 /// Open groups: the entries of every shard's due set.
 pub const OPEN_GROUPS: &str = "batcher_open_groups";
+/// Groups open under a limit on open groups, by `limit` (its name, such as
+/// `limits.max_open_groups` or `policies/keys/scan-*.max_groups`).
+pub const LIMITED_GROUPS: &str = "batcher_limited_open_groups";
+/// Each limit on open groups, by `limit`: the most groups it lets open.
+pub const OPEN_GROUPS_LIMIT: &str = "batcher_open_groups_limit";
+/// Age of the oldest group open under a limit on open groups, in seconds.
+pub const OLDEST_LIMITED_GROUP_AGE: &str = "batcher_oldest_limited_group_age_seconds";
 /// Subscriptions open on this instance, by `mode`: `live` or `durable`.
 pub const SUBSCRIBERS: &str = "batcher_subscribers";
 /// Batches delivered to a consumer group and not yet acked, by `consumer_group`.
@@ -62,6 +70,9 @@ pub const FAMILIES: &[&str] = &[
     BATCH_ITEMS,
     FLUSH_LATENESS,
     OPEN_GROUPS,
+    LIMITED_GROUPS,
+    OPEN_GROUPS_LIMIT,
+    OLDEST_LIMITED_GROUP_AGE,
     SUBSCRIBERS,
     CONSUMER_PENDING,
     CONSUMER_LAG,
@@ -133,6 +144,15 @@ fn describe() {
         "Flushed-at minus due-at of timeout flushes."
     );
     describe_gauge!(OPEN_GROUPS, "Open groups (entries of the due sets).");
+    describe_gauge!(
+        LIMITED_GROUPS,
+        "Groups open under a limit on open groups, by limit."
+    );
+    describe_gauge!(OPEN_GROUPS_LIMIT, "The most groups each limit lets open.");
+    describe_gauge!(
+        OLDEST_LIMITED_GROUP_AGE,
+        "Age of the oldest group open under a limit on open groups."
+    );
     describe_gauge!(SUBSCRIBERS, "Subscriptions open on this instance, by mode.");
     describe_gauge!(
         CONSUMER_PENDING,
@@ -159,6 +179,7 @@ fn describe() {
 struct Handles {
     added: Counter,
     duplicate: Counter,
+    refused: Counter,
     /// In the order of `FlushReason::ALL`.
     flushed: Vec<Counter>,
     batch_items: Histogram,
@@ -178,6 +199,7 @@ static HANDLES: LazyLock<Handles> = LazyLock::new(|| {
     let handles = Handles {
         added: counter!(ITEMS_ADDED, "outcome" => "added"),
         duplicate: counter!(ITEMS_ADDED, "outcome" => "duplicate"),
+        refused: counter!(ITEMS_ADDED, "outcome" => "refused"),
         flushed: FlushReason::ALL
             .iter()
             .map(|(_, word)| counter!(BATCHES_FLUSHED, "reason" => word.to_ascii_lowercase()))
@@ -192,7 +214,7 @@ static HANDLES: LazyLock<Handles> = LazyLock::new(|| {
             .collect(),
     };
     // Counters show at zero before their first event.
-    for c in [&handles.added, &handles.duplicate] {
+    for c in [&handles.added, &handles.duplicate, &handles.refused] {
         c.increment(0);
     }
     for c in handles.flushed.iter().chain(&handles.redis_errors) {
@@ -203,12 +225,19 @@ static HANDLES: LazyLock<Handles> = LazyLock::new(|| {
 
 /// Counts the outcomes of a set of adds.
 pub fn added(results: &[AddResult]) {
-    let duplicates = results
-        .iter()
-        .filter(|r| r.outcome == AddOutcome::Duplicate)
-        .count() as u64;
-    HANDLES.added.increment(results.len() as u64 - duplicates);
+    let (mut duplicates, mut refused) = (0, 0);
+    for r in results {
+        match r.outcome {
+            AddOutcome::Added => {}
+            AddOutcome::Duplicate => duplicates += 1,
+            AddOutcome::Refused(_) => refused += 1,
+        }
+    }
+    HANDLES
+        .added
+        .increment(results.len() as u64 - duplicates - refused);
     HANDLES.duplicate.increment(duplicates);
+    HANDLES.refused.increment(refused);
 }
 
 /// Records a batch this instance flushed: its reason, its size and, for a

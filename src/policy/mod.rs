@@ -46,6 +46,49 @@ pub struct Policy {
     pub min_items: u32,
     /// The longest a group may stay open, holds included, if set.
     pub max_age: Option<Duration>,
+    /// The most groups the keys of this policy may hold open at once (0:
+    /// no limit), counted per shard (see [`per_shard`]).
+    pub max_groups: u32,
+    /// What an add does that would open a group past `max_groups` or the
+    /// service's `[limits] max_open_groups`.
+    pub overflow: Overflow,
+    /// What this policy's open groups are counted under when `max_groups`
+    /// is set: "d" for the defaults, "k" and the pattern for a glob (an
+    /// exact key's one group never passes it). [`Policies::new`] sets it.
+    pub scope: Option<Arc<str>>,
+}
+
+/// What an add does when its key has no open group and opening one would
+/// pass a limit on open groups.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overflow {
+    /// The add is refused (RESOURCE_EXHAUSTED, naming the limit); nothing is written.
+    #[default]
+    Refuse,
+    /// The least recently added-to group under the limit is flushed first
+    /// (reason OVERFLOW), in the same atomic step as the add.
+    FlushOldest,
+}
+
+impl Overflow {
+    /// The name the config file and the API use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overflow::Refuse => "refuse",
+            Overflow::FlushOldest => "flush_oldest",
+        }
+    }
+}
+
+/// A limit on open groups as each shard enforces it: each shard's script
+/// counts only that shard's groups (a cluster cannot count across shards in
+/// one atomic step), so `limit` is split evenly, rounded up.
+pub fn per_shard(limit: u32, shards: u16) -> u32 {
+    if limit == 0 {
+        return 0;
+    }
+    limit.div_ceil(u32::from(shards.max(1)))
 }
 
 impl Policy {
@@ -61,6 +104,9 @@ impl Policy {
             deadline_lead: Duration::ZERO,
             min_items: 0,
             max_age: None,
+            max_groups: 0,
+            overflow: Overflow::Refuse,
+            scope: None,
         }
     }
 }
@@ -163,8 +209,18 @@ impl Policies {
     pub fn new(defaults: Policy, patterns: impl IntoIterator<Item = (String, Policy)>) -> Policies {
         let mut exact = HashMap::new();
         let mut globs = Vec::new();
+        // The defaults and each glob count their keys' groups; an exact key
+        // has at most one group, so its max_groups always holds.
+        let scoped = |mut policy: Policy, scope: String| {
+            if policy.max_groups > 0 {
+                policy.scope = Some(scope.into());
+            }
+            policy
+        };
+        let defaults = scoped(defaults, "d".into());
         for (pattern, policy) in patterns {
             if pattern.contains('*') {
+                let policy = scoped(policy, format!("k{pattern}"));
                 globs.push((Glob::new(&pattern), policy));
             } else {
                 exact.insert(pattern, policy);
@@ -220,6 +276,16 @@ impl Policies {
     /// The policy of keys no pattern matches.
     pub fn defaults(&self) -> Policy {
         self.defaults.clone()
+    }
+
+    /// The policies that count their keys' groups against their own
+    /// `max_groups`: the defaults first, then the globs, longest first.
+    pub fn limited(&self) -> Vec<&Policy> {
+        let globs = self.globs.iter().map(|(_, policy)| policy);
+        std::iter::once(&self.defaults)
+            .chain(globs)
+            .filter(|policy| policy.scope.is_some())
+            .collect()
     }
 }
 

@@ -14,7 +14,7 @@ use crate::error::{Error, invalid};
 use crate::store::{PolicyWrite, StoredPolicy};
 
 /// The fields of a policy, as an update mask names them.
-pub const FIELDS: [&str; 10] = [
+pub const FIELDS: [&str; 12] = [
     "max_items",
     "max_wait",
     "max_bytes",
@@ -25,6 +25,8 @@ pub const FIELDS: [&str; 10] = [
     "deadline_lead",
     "min_items",
     "max_age",
+    "max_groups",
+    "overflow",
 ];
 
 /// One policy to change.
@@ -314,7 +316,8 @@ mod tests {
     fn documents_round_trip_through_json() {
         let text = r#"{"max_items":40,"max_wait":"2h","max_bytes":1048576,"max_idle":"20m",
             "capacity":{"weight_g":24000000},"cutoffs":["11:30","17:45:10"],
-            "timezone":"Europe/Berlin","deadline_lead":"45m","min_items":5,"max_age":"6h"}"#;
+            "timezone":"Europe/Berlin","deadline_lead":"45m","min_items":5,"max_age":"6h",
+            "max_groups":500,"overflow":"flush_oldest"}"#;
         let p = policy(text);
         assert_eq!(p.max_bytes.map(|b| b.as_u64()), Some(1_048_576));
         let again: KeyPolicy = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
@@ -322,5 +325,7 @@ mod tests {
         let value: Value = serde_json::to_value(&p).unwrap();
         assert_eq!(value["cutoffs"], json!(["11:30", "17:45:10"]));
         assert_eq!(value["max_wait"], json!("2h"));
+        assert_eq!(value["overflow"], json!("flush_oldest"));
+        assert_eq!(value["max_groups"], json!(500));
     }
 }

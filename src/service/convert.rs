@@ -13,11 +13,14 @@ pub fn add_response(result: AddResult) -> pb::AddResponse {
         .iter()
         .map(|b| batch_to_pb(b, String::new(), 0))
         .collect();
+    let (outcome, limit) = match result.outcome {
+        AddOutcome::Added => (pb::AddOutcome::Added, String::new()),
+        AddOutcome::Duplicate => (pb::AddOutcome::Duplicate, String::new()),
+        AddOutcome::Refused(limit) => (pb::AddOutcome::Refused, limit.name()),
+    };
     pb::AddResponse {
-        outcome: match result.outcome {
-            AddOutcome::Added => pb::AddOutcome::Added,
-            AddOutcome::Duplicate => pb::AddOutcome::Duplicate,
-        } as i32,
+        outcome: outcome as i32,
+        limit,
         group_size: result.group_size,
         flushed: batches.last().cloned(),
         batches,
@@ -51,6 +54,7 @@ pub fn reason_to_pb(reason: FlushReason) -> pb::FlushReason {
         FlushReason::Deadline => pb::FlushReason::Deadline,
         FlushReason::MaxAge => pb::FlushReason::MaxAge,
         FlushReason::Closed => pb::FlushReason::Closed,
+        FlushReason::Overflow => pb::FlushReason::Overflow,
     }
 }
 

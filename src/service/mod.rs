@@ -2,8 +2,10 @@
 //! in `checks`, the mapping between protobuf and domain types in `convert`;
 //! the one place that decides gRPC status codes (with AIP-193 error
 //! details) is `crate::error`, below this layer and `auth`. `deadline` wraps the whole service, giving every
-//! call one deadline. `requeue` holds Requeue's body.
+//! call one deadline. `adds` holds the add path's part (validation,
+//! results, refusals, trace contexts), `requeue` Requeue's body.
 
+mod adds;
 mod checks;
 pub mod codec;
 mod convert;
@@ -21,21 +23,21 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
+use self::adds::{traced_items, unary_outcome};
 use self::checks::{
-    check_size, dead_letter_token, page_after, page_size, page_token, parse_dead_letter_token,
-    parse_page_token,
+    dead_letter_token, page_after, page_size, page_token, parse_dead_letter_token, parse_page_token,
 };
 pub use self::convert::batch_to_pb;
-use self::convert::{add_response, group_to_pb};
+use self::convert::group_to_pb;
 pub use self::deadline::Deadlines;
 use crate::auth::Caller;
 use crate::batch::{self, FlushReason, Group};
 use crate::config::{Limits, SubscriptionsConfig};
 use crate::error::{Error, invalid};
 use crate::pb;
-use crate::policy::{Policies, PolicyHandle};
+use crate::policy::PolicyHandle;
 use crate::policy_store::PolicyStore;
-use crate::store::{Deadline, NewItem, Store, StoreError};
+use crate::store::{Deadline, OpenLimits, Store, StoreError};
 use crate::subscribers::{Cursor, Delivery, Durable, Filter, Hub};
 use crate::sweeper::SweeperHandle;
 use crate::telemetry::{self, AddSpan};
@@ -167,48 +169,6 @@ impl BatcherService {
         Ok(defined)
     }
 
-    /// Validates one add and resolves its key's policy in `table` (one
-    /// table per call, so a call is judged by one revision of the
-    /// policies). `field` prefixes the names in error messages (`items[3].`
-    /// in AddMany).
-    fn new_item(
-        &self,
-        table: &Policies,
-        field: &str,
-        req: pb::AddRequest,
-    ) -> Result<NewItem, Error> {
-        self.check_key(&format!("{field}key"), &req.key)?;
-        let item = req
-            .item
-            .ok_or_else(|| invalid(format!("{field}item"), "is required"))?;
-        self.check_id(&format!("{field}item.id"), &item.id)?;
-        check_size(
-            &format!("{field}item.payload"),
-            item.payload.len(),
-            self.limits.max_payload_bytes,
-        )?;
-        let policy = table.resolve(&req.key);
-        let measures = checks::measures(&format!("{field}item.measures"), item.measures, &policy)?;
-        let deadline_ms = item
-            .deadline
-            .map(|at| checks::timestamp_ms(&format!("{field}item.deadline"), at))
-            .transpose()?;
-        Ok(NewItem {
-            key: req.key,
-            item: batch::Item {
-                id: item.id.into_bytes(),
-                payload: item.payload,
-                measures,
-                deadline_ms,
-                requeue_count: 0,
-                trace: None,
-            },
-            policy,
-            close: req.close_group,
-            requeue_of: None,
-        })
-    }
-
     /// The body of a request about one key, once the caller's token may
     /// touch that key and the key is valid (field `key`).
     fn keyed<T>(&self, request: Request<T>, key: impl Fn(&T) -> &String) -> Result<T, Error> {
@@ -223,40 +183,6 @@ impl BatcherService {
         let policy = self.policies.current().resolve(&group.key);
         group_to_pb(group, &policy)
     }
-
-    /// Adds `items`; a part still queued for Redis at the call's `deadline`
-    /// (set by [`Deadlines`]) is dropped unwritten.
-    async fn add_items(
-        &self,
-        items: Vec<NewItem>,
-        deadline: Option<Deadline>,
-    ) -> Result<Vec<pb::AddResponse>, Error> {
-        let report = self.store.add_within(items, deadline).await?;
-        crate::metrics::added(&report.results);
-        for (shard, due) in report.opened {
-            self.sweeper.opened(shard, due);
-        }
-        Ok(report.results.into_iter().map(add_response).collect())
-    }
-}
-
-/// Gives each of AddMany's `items` the trace context it keeps: the span
-/// started for its own context (`parents[i]`, its request's
-/// `trace_context`, when valid), else the call's span's. Returns the
-/// items' own spans, by index, to finish when the call is done.
-fn traced_items(
-    items: &mut [NewItem],
-    call: Option<&AddSpan>,
-    parents: &[String],
-) -> Vec<Option<AddSpan>> {
-    let mut spans = Vec::with_capacity(items.len());
-    for (new, parent) in items.iter_mut().zip(parents) {
-        let id = String::from_utf8_lossy(&new.item.id);
-        let own = AddSpan::of_item(parent, call, &new.key, &id);
-        new.item.trace = own.as_ref().or(call).map(AddSpan::context);
-        spans.push(own);
-    }
-    spans
 }
 
 type BatchStream = Pin<Box<dyn Stream<Item = Result<pb::Batch, Status>> + Send>>;
@@ -283,8 +209,8 @@ impl pb::batcher_server::Batcher for BatcherService {
         let result = self
             .add_items(vec![item], deadline)
             .await
-            .map_err(Status::from)
-            .map(|mut results| results.pop().unwrap_or_default());
+            .and_then(|mut results| unary_outcome(results.pop().unwrap_or_default()))
+            .map_err(Status::from);
         if let Some(span) = span {
             span.finish(result.as_ref());
         }
@@ -411,11 +337,27 @@ impl pb::batcher_server::Batcher for BatcherService {
             .store
             .list_groups(limit, after.as_ref(), &prefixes)
             .await?;
+        // The limits count every key's groups: only for a caller who may
+        // see every key.
+        let limits = match (&after, caller.reaches_every_key()) {
+            (None, true) => self.store.open_limits().await?,
+            _ => OpenLimits::default(),
+        };
         Ok(Response::new(pb::ListGroupsResponse {
             groups: groups.into_iter().map(|g| self.group_pb(g)).collect(),
             next_page_token: next
                 .map(|(due, key)| page_token(due, &key))
                 .unwrap_or_default(),
+            open_group_limits: limits
+                .rows
+                .into_iter()
+                .map(|(name, open_groups, limit)| pb::OpenGroupLimit {
+                    name,
+                    open_groups,
+                    limit,
+                })
+                .collect(),
+            oldest_limited_group_age: limits.oldest_age.map(convert::duration),
         }))
     }
 

@@ -9,6 +9,8 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use bytesize::ByteSize;
+use serde::Deserialize;
+use serde::de::value::{Error as ValueError, StrDeserializer};
 use tonic::Request;
 
 use super::BatcherService;
@@ -17,6 +19,7 @@ use crate::auth::Caller;
 use crate::config::{CutoffTimes, KeyPolicy, TimeZoneName};
 use crate::error::{Error, invalid};
 use crate::pb;
+use crate::policy::Overflow;
 use crate::policy_store::{Action, Change, DEFAULTS, KEYS, Snapshot};
 use crate::store::{Revision, StoredPolicy};
 
@@ -68,6 +71,13 @@ fn duration(field: &str, d: Option<prost_types::Duration>) -> Result<Option<Dura
     .transpose()
 }
 
+/// `overflow` from its config name ("refuse" or "flush_oldest"), read as
+/// the config file reads it.
+fn overflow(name: &str) -> Result<Overflow, Error> {
+    let text = StrDeserializer::<ValueError>::new(name);
+    Overflow::deserialize(text).map_err(|e| invalid("policy.overflow", e.to_string()))
+}
+
 fn duration_pb(d: Option<Duration>) -> Option<prost_types::Duration> {
     d.and_then(|d| prost_types::Duration::try_from(d).ok())
 }
@@ -107,6 +117,8 @@ pub(super) fn key_policy(p: &pb::Policy) -> Result<KeyPolicy, Error> {
         deadline_lead: duration("deadline_lead", p.deadline_lead)?,
         min_items: p.min_items,
         max_age: duration("max_age", p.max_age)?,
+        max_groups: p.max_groups,
+        overflow: p.overflow.as_deref().map(overflow).transpose()?,
     })
 }
 
@@ -127,6 +139,8 @@ pub fn policy_pb(name: &str, doc: &StoredPolicy) -> pb::Policy {
         deadline_lead: duration_pb(p.deadline_lead),
         min_items: p.min_items,
         max_age: duration_pb(p.max_age),
+        max_groups: p.max_groups,
+        overflow: p.overflow.map(|o| o.as_str().to_owned()),
         revision: doc.revision,
         etag: doc.revision.to_string(),
         update_time: Some(timestamp(doc.updated_at)),

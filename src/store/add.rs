@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures::future::try_join_all;
@@ -21,9 +22,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::conn::{Code, Conn, WaitReplicas, invoke};
-use super::decode::AddReply;
+use super::decode::{AddReply, ItemReply, Room};
 use super::{AddArgs, Result, Store, StoreError};
-use crate::batch::{AddResult, Batch, DecodeError, Item};
+use crate::batch::{AddOutcome, AddResult, Batch, DecodeError, Item, OpenLimit};
 use crate::keys::Keyspace;
 use crate::policy::Policy;
 use crate::scripts::Function;
@@ -52,7 +53,26 @@ pub struct AddReport {
 
 /// What a shard writer answers for one job: the earliest due time the call
 /// opened, and one result per item of the job.
-type ShardReply = (Option<u64>, Vec<AddResult>);
+type ShardReply = (Option<u64>, Vec<Slot>);
+
+/// One item's result from a round of add calls: done, or waiting for room
+/// under a limit on open groups.
+#[derive(Debug)]
+pub(super) enum Slot {
+    Done(AddResult),
+    Waiting(Box<Waiting>),
+}
+
+/// An item whose group could not open under a limit on open groups whose
+/// overflow flushes the oldest: the group to flush first, if the call named
+/// one, and what the item wrote before it waited.
+#[derive(Debug)]
+pub(super) struct Waiting {
+    pub item: NewItem,
+    pub room: Option<Room>,
+    pub limit: OpenLimit,
+    pub flushed: Vec<Batch>,
+}
 
 /// When a call must be answered by: the instant, and the whole budget it was
 /// given (for the message that says how long Redis had).
@@ -99,6 +119,17 @@ impl Store {
     ) -> Result<AddReport> {
         // Nothing is written under a prefix that holds another data format.
         self.check_format().await?;
+        let (slots, opened) = self.add_round(items, deadline).await?;
+        self.settle(slots, opened, deadline).await
+    }
+
+    /// One round of add calls for `items`: one result slot per item, in
+    /// order, and the earliest due time opened per shard.
+    pub(super) async fn add_round(
+        &self,
+        items: Vec<NewItem>,
+        deadline: Option<Deadline>,
+    ) -> Result<(Vec<Slot>, Vec<(u16, u64)>)> {
         // Split the request per shard, keeping each shard's items in order.
         let count = items.len();
         let mut per_shard: HashMap<u16, (Vec<usize>, Vec<NewItem>)> = HashMap::new();
@@ -132,7 +163,7 @@ impl Store {
             });
         let replies = try_join_all(calls).await?;
 
-        let mut results: Vec<Option<AddResult>> = vec![None; count];
+        let mut results: Vec<Option<Slot>> = std::iter::repeat_with(|| None).take(count).collect();
         let mut opened = Vec::new();
         for (shard, indexes, earliest, shard_results) in replies {
             if let Some(due) = earliest {
@@ -148,7 +179,7 @@ impl Store {
                 r.ok_or_else(|| DecodeError("the add function returned too few results".into()))
             })
             .collect::<std::result::Result<_, _>>()?;
-        Ok(AddReport { results, opened })
+        Ok((results, opened))
     }
 }
 
@@ -242,6 +273,8 @@ pub(super) struct AddWriter {
     pub keys: Keyspace,
     pub dedup: Duration,
     pub shard: u16,
+    /// `[limits] max_open_groups` over all shards (0: none).
+    pub open_limit: Arc<AtomicU32>,
 }
 
 impl AddWriter {
@@ -286,7 +319,8 @@ impl AddWriter {
     /// One add function call for `items`, all of this shard, in order. The
     /// batches it flushed are recorded in the metrics, and traced.
     async fn call(&self, items: &[&NewItem]) -> Result<ShardReply> {
-        let mut args = AddArgs::new(&self.keys, self.shard, self.dedup);
+        let open_limit = self.open_limit.load(Ordering::Relaxed);
+        let mut args = AddArgs::new(&self.keys, self.shard, self.dedup).with_open_limit(open_limit);
         for new in items {
             args.item_with(
                 &new.key,
@@ -306,11 +340,11 @@ impl AddWriter {
             args,
         )
         .await?;
-        if reply.items.len() != items.len() {
-            return Err(DecodeError("the add function's result count".into()).into());
-        }
-        let results = reply
-            .items
+        let earliest = reply.earliest;
+        let (replies, rooms) = reply
+            .split(items.len())
+            .map_err(|e| DecodeError(e.to_string()))?;
+        let results = replies
             .into_iter()
             .zip(items)
             .map(|((outcome, group_size, batch), new)| {
@@ -323,13 +357,30 @@ impl AddWriter {
                     crate::metrics::flushed(batch, None);
                     crate::telemetry::flushed(batch);
                 }
-                AddResult {
+                let limit = |by_policy: bool| match (&new.policy.scope, by_policy) {
+                    (Some(scope), true) => OpenLimit::Policy(scope.clone()),
+                    _ => OpenLimit::Service,
+                };
+                let outcome = match outcome {
+                    ItemReply::Added => AddOutcome::Added,
+                    ItemReply::Duplicate => AddOutcome::Duplicate,
+                    ItemReply::Refused { by_policy } => AddOutcome::Refused(limit(by_policy)),
+                    ItemReply::Waiting { by_policy, room } => {
+                        return Slot::Waiting(Box::new(Waiting {
+                            item: (*new).clone(),
+                            room: room.checked_sub(1).and_then(|at| rooms.get(at)).cloned(),
+                            limit: limit(by_policy),
+                            flushed,
+                        }));
+                    }
+                };
+                Slot::Done(AddResult {
                     outcome,
                     group_size,
                     flushed,
-                }
+                })
             })
             .collect();
-        Ok((reply.earliest, results))
+        Ok((earliest, results))
     }
 }

@@ -9,13 +9,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::ext;
 use crate::batch::Item;
 use crate::keys::Keyspace;
-use crate::policy::Policy;
+use crate::policy::{Overflow, Policy};
 
 /// The KEYS and ARGV of one call of the library's add function
 /// (`src/lua/add.lua` documents them) for one shard:
 ///
-/// - KEYS: the shard's due set, stream, flushed set and requeued set, then
-///   one hash per group;
+/// - KEYS: the shard's due set, stream, flushed set and requeued set, its
+///   open-group index, then one hash per group;
 /// - ARGV: the dedup window (ms); the count of the call's distinct policies
 ///   and each one packed ([`packed_policy`]); the group count, and per
 ///   group its key and its policy's number (from 1); then per item its
@@ -30,6 +30,8 @@ pub struct AddArgs<'a> {
     dedup: Duration,
     /// The local clock (ms), for the cutoffs a group opened now would get.
     now_ms: u64,
+    /// The shard's part of `[limits] max_open_groups` (0: none).
+    open_limit: u32,
     /// Group number (from 1) of each key seen so far.
     group_of: HashMap<&'a str, usize>,
     group_keys: Vec<String>,
@@ -58,6 +60,7 @@ impl<'a> AddArgs<'a> {
             shard,
             dedup,
             now_ms,
+            open_limit: 0,
             group_of: HashMap::new(),
             group_keys: Vec::new(),
             group_caps: Vec::new(),
@@ -65,6 +68,14 @@ impl<'a> AddArgs<'a> {
             item_args: Vec::new(),
             policies: Vec::new(),
         }
+    }
+
+    /// The same call under a limit of `total` open groups over all shards
+    /// (`[limits] max_open_groups`; 0: none), of which this shard enforces
+    /// its part.
+    pub fn with_open_limit(mut self, total: u32) -> Self {
+        self.open_limit = crate::policy::per_shard(total, self.keyspace.shards());
+        self
     }
 
     /// Appends one plain item to `key`'s group, adding the group (with
@@ -122,7 +133,11 @@ impl<'a> AddArgs<'a> {
         let at = match self.policies.iter().position(|(p, _)| p == policy) {
             Some(at) => at,
             None => {
-                let packed = packed_policy(policy, self.now_ms);
+                let limits = OpenLimits {
+                    policy: crate::policy::per_shard(policy.max_groups, self.keyspace.shards()),
+                    shard: self.open_limit,
+                };
+                let packed = packed_policy(policy, self.now_ms, limits);
                 self.policies.push((policy.clone(), packed));
                 self.policies.len() - 1
             }
@@ -135,8 +150,14 @@ impl<'a> AddArgs<'a> {
     /// The call's KEYS and ARGV.
     pub fn into_parts(self) -> (Vec<String>, Vec<Vec<u8>>) {
         let shard = self.keyspace.shard(self.shard);
-        let mut keys = Vec::with_capacity(4 + self.group_keys.len());
-        keys.extend([shard.due, shard.stream, shard.flushed, shard.requeued]);
+        let mut keys = Vec::with_capacity(5 + self.group_keys.len());
+        keys.extend([
+            shard.due,
+            shard.stream,
+            shard.flushed,
+            shard.requeued,
+            shard.open_index,
+        ]);
         keys.extend(self.group_keys);
         let mut args = Vec::with_capacity(
             3 + self.policies.len() + self.group_args.len() + self.item_args.len(),
@@ -151,20 +172,36 @@ impl<'a> AddArgs<'a> {
     }
 }
 
-/// A policy as the add function takes it, worked out once per call: ten
-/// little-endian doubles (`max_items`, `max_bytes` or 0, `min_items`,
-/// `max_wait`, `max_idle`, the first cutoff after now (less the clock
-/// skew) and the one after it, `deadline_lead`, `max_age`, in ms, 0 for
-/// none; then k, the capacity's measure count), then the capacity's k
-/// limits as doubles, then its measure names joined by `;`, in the order
-/// an item's packed values follow.
-fn packed_policy(policy: &Policy, now_ms: u64) -> Vec<u8> {
+/// The limits on open groups one shard enforces for a policy's keys (0:
+/// none).
+struct OpenLimits {
+    /// Its part of the policy's `max_groups`.
+    policy: u32,
+    /// Its part of `[limits] max_open_groups`.
+    shard: u32,
+}
+
+/// A policy as the add function takes it, worked out once per call:
+/// fourteen little-endian doubles (`max_items`, `max_bytes` or 0,
+/// `min_items`, `max_wait`, `max_idle`, the first cutoff after now (less
+/// the clock skew) and the one after it, `deadline_lead`, `max_age`, in
+/// ms, 0 for none; k, the capacity's measure count; the shard's limits on
+/// open groups, the policy's and the service's; the overflow, 0 to refuse
+/// and 1 to flush the oldest; the length of its scope), then the
+/// capacity's k limits as doubles, then its scope, then its measure names
+/// joined by `;`, in the order an item's packed values follow.
+fn packed_policy(policy: &Policy, now_ms: u64, open: OpenLimits) -> Vec<u8> {
     let (c1, c2) = policy.cutoffs.as_ref().map_or((0, 0), |cutoffs| {
         let skewed = now_ms.saturating_sub(CLOCK_SKEW.as_millis() as u64);
         let first = cutoffs.next_after(skewed);
         (first, cutoffs.next_after(first))
     });
     let ms = |d: Option<Duration>| d.map_or(0.0, |d| d.as_millis() as f64);
+    // Only a policy with its own limit (and so a scope) counts its groups apart.
+    let (scope, policy_limit) = match &policy.scope {
+        Some(scope) if open.policy > 0 => (scope.as_bytes(), open.policy),
+        _ => (&[][..], 0),
+    };
     let numbers = [
         f64::from(policy.max_items),
         policy.max_bytes.unwrap_or(0) as f64,
@@ -176,6 +213,10 @@ fn packed_policy(policy: &Policy, now_ms: u64) -> Vec<u8> {
         ms(Some(policy.deadline_lead)),
         ms(policy.max_age),
         policy.capacity.len() as f64,
+        f64::from(policy_limit),
+        f64::from(open.shard),
+        f64::from(u8::from(policy.overflow == Overflow::FlushOldest)),
+        scope.len() as f64,
     ];
     let limits = policy.capacity.values().map(|v| *v as f64);
     let mut packed: Vec<u8> = numbers
@@ -183,6 +224,7 @@ fn packed_policy(policy: &Policy, now_ms: u64) -> Vec<u8> {
         .chain(limits)
         .flat_map(f64::to_le_bytes)
         .collect();
+    packed.extend_from_slice(scope);
     packed.extend_from_slice(dictionary(&policy.capacity).as_bytes());
     packed
 }
@@ -217,14 +259,17 @@ mod tests {
         let (keys, argv) = args.into_parts();
         assert_eq!(
             keys,
-            ["due", "batches", "flushed", "requeued", "g:a", "g:b", "g:c"]
-                .map(|k| format!("{}:{k}", keyspace.tag(2)))
+            [
+                "due", "batches", "flushed", "requeued", "open", "g:a", "g:b", "g:c"
+            ]
+            .map(|k| format!("{}:{k}", keyspace.tag(2)))
         );
         assert_eq!(argv[0], b"60000");
         assert_eq!(argv[1], b"2");
         let first = argv[2].chunks_exact(8).next().unwrap();
         assert_eq!(f64::from_le_bytes(first.try_into().unwrap()), 10.0);
-        assert_eq!(argv[2].len(), 80);
+        // 14 doubles, no capacity, no scope, no measure names.
+        assert_eq!(argv[2].len(), 112);
         let rest: Vec<&str> = argv[4..]
             .iter()
             .map(|a| std::str::from_utf8(a).unwrap())
@@ -236,5 +281,36 @@ mod tests {
                 "y", "", "1", "4", "z", ""
             ]
         );
+    }
+
+    /// A policy under limits on open groups packs each shard's part of
+    /// them (rounded up), its overflow and its scope, before its measure
+    /// names; one without its own limit packs no scope.
+    #[test]
+    fn packs_the_limits_on_open_groups() {
+        let keyspace = Keyspace::new("t", 4);
+        let mut policy = Policy::basic(10, Duration::from_secs(1), None);
+        policy.max_groups = 10;
+        policy.overflow = Overflow::FlushOldest;
+        policy.scope = Some("kscan-*".into());
+        let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60)).with_open_limit(9);
+        args.item("scan-1", &policy, b"1", b"x");
+        let (_, argv) = args.into_parts();
+        let packed = &argv[2];
+        let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
+        assert_eq!(
+            (double(10), double(11), double(12), double(13)),
+            (3.0, 3.0, 1.0, 7.0)
+        );
+        assert_eq!(&packed[112..], b"kscan-*");
+
+        policy.scope = None;
+        let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60));
+        args.item("scan-1", &policy, b"1", b"x");
+        let (_, argv) = args.into_parts();
+        let packed = &argv[2];
+        let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
+        assert_eq!((double(10), double(11), double(13)), (0.0, 0.0, 0.0));
+        assert_eq!(packed.len(), 112);
     }
 }

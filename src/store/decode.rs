@@ -9,9 +9,7 @@ use redis::streams;
 use redis::{FromRedisValue, ParsingError, Value, from_redis_value};
 
 use super::ext;
-use crate::batch::{
-    AddOutcome, Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items,
-};
+use crate::batch::{Batch, DecodeError, FlushReason, Group, Item, StreamId, decode_items};
 
 impl From<DecodeError> for ParsingError {
     fn from(err: DecodeError) -> ParsingError {
@@ -91,41 +89,83 @@ impl FromRedisValue for ScriptBatch {
     }
 }
 
-impl FromRedisValue for AddOutcome {
-    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        match from_redis_value::<i64>(v)? {
-            1 => Ok(AddOutcome::Added),
-            2 => Ok(AddOutcome::Duplicate),
-            other => Err(format!("add outcome {other}").into()),
-        }
-    }
+/// What the add function did with one item (see `src/lua/add.lua`).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum ItemReply {
+    Added,
+    Duplicate,
+    /// Refused by a limit on open groups: the shard's (false) or its
+    /// policy's (true).
+    Refused {
+        by_policy: bool,
+    },
+    /// Waiting for room under a limit on open groups, the shard's or its
+    /// policy's: for the call's group to flush number `room` (from 1; 0 for none).
+    Waiting {
+        by_policy: bool,
+        room: usize,
+    },
 }
 
-/// The add script's reply: `{earliest due set or 0, then per item:
-/// outcome, size, batches or false}`.
+/// A group the add function names to flush to make room.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Room {
+    pub key: String,
+}
+
+/// The add function's reply, flat: `{earliest due set or 0, then per
+/// item: outcome, size (or limit, or room number), batches or false; then
+/// the keys of the groups to flush to make room}`. Where the items end is
+/// the caller's to say ([`AddReply::split`]): the call knows how many it sent.
 pub(super) struct AddReply {
     /// The earliest due time among the groups whose due time the call set.
     pub earliest: Option<u64>,
-    /// One per item, in order: what it did, the group's size after, and the
-    /// batches it wrote.
-    pub items: Vec<(AddOutcome, u32, Option<Vec<ScriptBatch>>)>,
+    rest: Vec<Value>,
+}
+
+/// One item's reply: what it did, the group's size after, and the batches
+/// it wrote.
+pub(super) type ItemParts = (ItemReply, u32, Option<Vec<ScriptBatch>>);
+
+impl AddReply {
+    /// The replies of the call's `count` items, and the groups to flush to
+    /// make room.
+    pub fn split(self, count: usize) -> Result<(Vec<ItemParts>, Vec<Room>), ParsingError> {
+        if self.rest.len() < 3 * count {
+            return Err("the add function's result count".into());
+        }
+        let mut parts = self.rest.into_iter();
+        let mut items = Vec::with_capacity(count);
+        for _ in 0..count {
+            let code: i64 = next_part(&mut parts, "an outcome")?;
+            let n: u32 = next_part(&mut parts, "a group size")?;
+            let outcome = match code {
+                1 => ItemReply::Added,
+                2 => ItemReply::Duplicate,
+                3 => ItemReply::Refused { by_policy: n == 2 },
+                4 | 5 => ItemReply::Waiting {
+                    by_policy: code == 5,
+                    room: n as usize,
+                },
+                other => return Err(format!("add outcome {other}").into()),
+            };
+            let size = if code <= 2 { n } else { 0 };
+            items.push((outcome, size, next_part(&mut parts, "its batches")?));
+        }
+        let rooms = parts
+            .map(|key| from_redis_value(key).map(|key| Room { key }))
+            .collect::<Result<_, _>>()?;
+        Ok((items, rooms))
+    }
 }
 
 impl FromRedisValue for AddReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let mut parts = from_redis_value::<Vec<Value>>(v)?.into_iter();
         let earliest: u64 = next_part(&mut parts, "the earliest due time")?;
-        let mut items = Vec::with_capacity(parts.len() / 3);
-        while parts.len() > 0 {
-            items.push((
-                next_part(&mut parts, "an outcome")?,
-                next_part(&mut parts, "a group size")?,
-                next_part(&mut parts, "its batches")?,
-            ));
-        }
         Ok(AddReply {
             earliest: (earliest > 0).then_some(earliest),
-            items,
+            rest: parts.collect(),
         })
     }
 }

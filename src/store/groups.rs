@@ -28,7 +28,7 @@ impl Store {
         let policy = self.policies.resolve(key);
         self.run_script(
             Code::Function(Function::Remove),
-            &[&shard_keys.due, &group],
+            &[&shard_keys.due, &group, &shard_keys.open_index],
             vec![
                 key.as_bytes().to_vec(),
                 id.to_vec(),
@@ -49,6 +49,13 @@ impl Store {
         self.flush_in_shard(shard, key, reason).await
     }
 
+    /// Flushes a group to make room under a limit on open groups (reason
+    /// OVERFLOW), as the add function named it.
+    pub(super) async fn flush_overflow(&self, key: &str) -> Result<Vec<Batch>> {
+        let shard = self.keys.shard_of(key);
+        self.flush_in_shard(shard, key, FlushReason::Overflow).await
+    }
+
     async fn flush_in_shard(
         &self,
         shard: u16,
@@ -66,6 +73,7 @@ impl Store {
                     &shard_keys.stream,
                     &shard_keys.flushed,
                     &group,
+                    &shard_keys.open_index,
                 ],
                 vec![
                     key.as_bytes().to_vec(),

@@ -32,11 +32,13 @@ mod decode;
 mod ext;
 mod groups;
 mod policies;
+mod room;
 mod stats;
 mod streams;
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
@@ -53,7 +55,7 @@ pub use consumer_groups::DeadLetterPosition;
 pub use decode::DueScan;
 pub use groups::GroupPos;
 pub use policies::{BULK_CHANGE, PolicyChange, PolicyWrite, Revision, StoredPolicy, Written};
-pub use stats::ConsumerGroupStats;
+pub use stats::{ConsumerGroupStats, OpenLimitStats, OpenLimits};
 
 use add::{AddWriter, ShardQueue};
 use conn::{Code, Connector, invoke};
@@ -151,6 +153,8 @@ pub struct Store {
     policies: PolicyHandle,
     /// One add writer per shard, with its bounded queue (see [`Store::add`]).
     queues: Arc<[ShardQueue]>,
+    /// `[limits] max_open_groups` (0: none), which the writers read per call.
+    open_limit: Arc<AtomicU32>,
     /// Set once the prefix's data format was found to be ours: at start, or
     /// (when Redis was down then) before the first add.
     format_checked: Arc<tokio::sync::OnceCell<()>>,
@@ -169,6 +173,7 @@ impl Store {
     ) -> Result<Store> {
         let connector = Connector::new(target)?;
         let conn = connector.shared(target.timeouts)?;
+        let open_limit = Arc::new(AtomicU32::new(0));
         let queues = (0..keys.shards())
             .map(|shard| {
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -178,6 +183,7 @@ impl Store {
                     keys: keys.clone(),
                     dedup: dedup_window,
                     shard,
+                    open_limit: open_limit.clone(),
                 };
                 tokio::spawn(writer.run(rx));
                 ShardQueue::new(tx, crate::config::DEFAULT_MAX_QUEUED_ADDS)
@@ -192,6 +198,7 @@ impl Store {
             dedup: dedup_window,
             policies,
             queues,
+            open_limit,
             format_checked: Arc::default(),
         })
     }
@@ -201,6 +208,17 @@ impl Store {
     pub fn with_max_queued_adds(mut self, max: NonZeroUsize) -> Store {
         self.queues = self.queues.iter().map(|q| q.resized(max)).collect();
         self
+    }
+
+    /// Sets `[limits] max_open_groups`, the limit on open groups over all
+    /// keys (0: none), for the adds from now on (a reload calls it too).
+    pub fn set_max_open_groups(&self, total: u32) {
+        self.open_limit.store(total, Ordering::Relaxed);
+    }
+
+    /// `[limits] max_open_groups` in force (0: none).
+    pub fn max_open_groups(&self) -> u32 {
+        self.open_limit.load(Ordering::Relaxed)
     }
 
     /// The key layout.

@@ -1,6 +1,7 @@
 //! `batcher policy ...` run as the built binary against a real service with
-//! [policy_store] on: set and get (text and JSON), a stale etag refused,
-//! list and delete, the history, and import and diff of a config file.
+//! [policy_store] on: set and get (text and JSON), the limit on open
+//! groups, a stale etag refused, list and delete, the history, and import
+//! and diff of a config file.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -103,6 +104,67 @@ async fn set_changes_the_named_fields_and_get_shows_them() {
     let bad = at(addr, &["policy", "set", "south", "--min-items", "5"]).await;
     let stderr = failed(&bad, 1);
     assert!(stderr.contains("INVALID_ARGUMENT"), "{stderr}");
+    service.stop().await;
+}
+
+/// `--max-groups` and `--overflow` set the limit on open groups and what
+/// an add past it does: `get` shows them (text and JSON), the history
+/// records them in the config file's forms, a file with the same table
+/// has no differences, `--unset` clears one, and a bad overflow name is
+/// refused before any call.
+#[tokio::test]
+async fn the_open_group_limit_round_trips() {
+    let (_redis, service) = store("[keys.\"scan-*\"]\nmax_items = 10\n").await;
+    let addr = service.addr;
+    let set = [
+        "set",
+        "scan-*",
+        "--max-groups",
+        "500",
+        "--overflow",
+        "flush_oldest",
+    ];
+    let text = policy(addr, &set).await;
+    assert_eq!(row(&text, "max_groups"), Some("500"), "{text}");
+    assert_eq!(row(&text, "overflow"), Some("flush_oldest"), "{text}");
+    assert_eq!(row(&text, "max_items"), Some("10"), "kept: {text}");
+    let json = policy_json(addr, &["get", "scan-*"]).await;
+    assert_eq!(
+        (&json["maxGroups"], &json["overflow"]),
+        (&500.into(), &"flush_oldest".into())
+    );
+    let defaults = policy_json(addr, &["get", "defaults"]).await;
+    let off = (&defaults["maxGroups"], &defaults["overflow"]);
+    assert_eq!(off, (&0.into(), &"refuse".into()), "{defaults}");
+
+    let history = policy(addr, &["history", "scan-*", "--page-size", "1"]).await;
+    let lines: Vec<&str> = history.lines().skip(1).collect();
+    let change = [
+        "  UPDATED policies/keys/scan-*",
+        "    max_groups: null -> 500",
+        "    overflow: null -> \"flush_oldest\"",
+    ];
+    assert_eq!(lines, change, "{history}");
+    let dir = tempfile::tempdir().unwrap();
+    let table =
+        "[keys.\"scan-*\"]\nmax_items = 10\nmax_groups = 500\noverflow = \"flush_oldest\"\n";
+    let path = file(&dir, "scan.toml", table);
+    let same = policy(addr, &["diff", &path, "--exit-code"]).await;
+    assert!(same.starts_with("no differences"), "{same}");
+
+    let unset = policy(addr, &["set", "scan-*", "--unset", "overflow"]).await;
+    assert_eq!(row(&unset, "overflow"), None, "{unset}");
+    assert_eq!(row(&unset, "max_groups"), Some("500"), "{unset}");
+    let bad = at(
+        addr,
+        &["policy", "set", "scan-*", "--overflow", "sometimes"],
+    )
+    .await;
+    let stderr = failed(&bad, 2);
+    assert!(
+        stderr.contains("[possible values: refuse, flush_oldest]"),
+        "{stderr}"
+    );
     service.stop().await;
 }
 

@@ -26,6 +26,7 @@ mod format;
 mod layout;
 mod metrics;
 mod node;
+mod open_limits;
 mod overload;
 mod paging;
 mod partition;

@@ -282,3 +282,47 @@ async fn json_logs_have_a_line_per_flush_without_payloads() {
 fn complete_lines(log: &str) -> impl Iterator<Item = &str> {
     log.rsplit_once('\n').map_or("", |(done, _)| done).lines()
 }
+
+/// The gauges of the limits on open groups follow real groups: the groups
+/// open under each limit, the limit itself, and the oldest one's age; a
+/// refused add counts as `refused`.
+#[tokio::test]
+async fn limit_gauges_show_open_groups_against_each_limit() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // 4 shards: max_groups = 4 lets each shard hold 1 scan-* group.
+    let extra = "[limits]\nmax_open_groups = 40\n[keys.\"scan-*\"]\nmax_groups = 4\n";
+    let mut process = process_with(dir.path(), &config_text(&redis.url(), extra)).await;
+    let http = process.http_addr().await;
+    let mut client = support::client(process.addr).await;
+    client.add(add("area-1", "p", b"p")).await.expect("add");
+    let before = scrape(http).await;
+    let mut accepted = 0;
+    for n in 0.. {
+        assert!(n < 5, "4 shards of 1 scan-* group each took a fifth");
+        match client.add(add(&format!("scan-{n}"), "p", b"p")).await {
+            Ok(_) => accepted += 1,
+            Err(refused) => {
+                assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+                break;
+            }
+        }
+    }
+    let service = [("limit", "limits.max_open_groups")];
+    let scan = [("limit", "policies/keys/scan-*.max_groups")];
+    let scraped = scrape_until(http, "the limit gauges", |s| {
+        s.value("batcher_limited_open_groups", &service) == Some(f64::from(accepted + 1))
+            && s.value("batcher_limited_open_groups", &scan) == Some(f64::from(accepted))
+    })
+    .await;
+    assert_eq!(scraped.get("batcher_open_groups_limit", &service), 40.0);
+    assert_eq!(scraped.get("batcher_open_groups_limit", &scan), 4.0);
+    let age = scraped.get("batcher_oldest_limited_group_age_seconds", &[]);
+    assert!((0.0..60.0).contains(&age), "{age}");
+    let outcome = [("outcome", "refused")];
+    assert_eq!(
+        scraped.delta(&before, "batcher_items_added_total", &outcome),
+        1.0
+    );
+    process.stop().await;
+}

@@ -193,6 +193,16 @@ async fn a_bad_policy_is_refused_naming_the_field() {
         .await
         .unwrap_err();
     assert_invalid(&status, "policy.max_items");
+    let sometimes = pb::Policy {
+        overflow: Some("sometimes".into()),
+        ..Default::default()
+    };
+    let status = client
+        .update_policy(update("keys/x", sometimes, &[], ""))
+        .await
+        .unwrap_err();
+    assert_invalid(&status, "policy.overflow");
+    assert!(status.message().contains("flush_oldest"), "{status:?}");
     let bad_name = update("areas/x", pb::Policy::default(), &[], "");
     let status = client.update_policy(bad_name).await.unwrap_err();
     assert_invalid(&status, "policy.name");

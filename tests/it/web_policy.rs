@@ -215,6 +215,10 @@ async fn a_bad_field_is_400_naming_it_and_a_reader_gets_403() {
     let (status, body) = patch(http, "admin", bad_wait).await;
     assert_eq!(status, 400, "{body}");
     assert!(refusal(&body).1.starts_with("policy.max_wait:"), "{body}");
+    let bad_overflow = json!({"policy": {"overflow": "sometimes"}, "updateMask": "overflow"});
+    let (status, body) = patch(http, "admin", bad_overflow).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(refusal(&body).1.starts_with("policy.overflow:"), "{body}");
     let now = areas(&mut client).await;
     assert_eq!((now.revision, now.max_items), (loaded.revision, Some(20)));
     service.stop().await;
@@ -306,10 +310,10 @@ async fn the_page_lists_each_policy_with_its_revision() {
     service.stop().await;
 }
 
-/// An edit through the page's form sends only the changed fields in the
-/// mask, with the etag it loaded; the policy changes (new values and a new
-/// revision, read by gRPC), and its history shows the edit: its reason,
-/// and each field's old and new value.
+/// An edit through the page's form (text boxes, and a menu for overflow)
+/// sends only the changed fields in the mask, with the etag it loaded; the
+/// policy changes (new values and a new revision, read by gRPC), and its
+/// history shows the edit: its reason, and each field's old and new value.
 #[tokio::test]
 async fn an_edit_through_the_page_changes_the_policy_and_shows_in_its_history() {
     let (_redis, service, mut client) = start(POLICIES).await;
@@ -320,12 +324,13 @@ async fn an_edit_through_the_page_changes_the_policy_and_shows_in_its_history() 
                   window.fetch = (url, init) => { if (init?.body) sent.push(JSON.parse(init.body)); \
                   return send(url, init); }; true";
     browser.eval(record).await;
-    submit_edit(
-        &mut browser,
-        &[("max_items", "30"), ("max_wait", "5m")],
-        "peak season",
-    )
-    .await;
+    let edit = [
+        ("max_items", "30"),
+        ("max_wait", "5m"),
+        ("max_groups", "500"),
+        ("overflow", "flush_oldest"),
+    ];
+    submit_edit(&mut browser, &edit, "peak season").await;
     let saved = format!("{CARD}?.querySelector('.form-status.saved')?.textContent");
     let saved = browser.wait_for("the edit to be saved", &saved).await;
 
@@ -333,6 +338,8 @@ async fn an_edit_through_the_page_changes_the_policy_and_shows_in_its_history() 
     assert_eq!(after.max_items, Some(30));
     assert_eq!(after.max_wait.map(|d| d.seconds), Some(300));
     assert_eq!(after.max_bytes, Some(1 << 20), "a field left alone stays");
+    assert_eq!(after.max_groups, Some(500));
+    assert_eq!(after.overflow.as_deref(), Some("flush_oldest"));
     assert!(after.revision > before.revision, "{after:?}");
     assert_eq!(
         saved,
@@ -340,7 +347,8 @@ async fn an_edit_through_the_page_changes_the_policy_and_shows_in_its_history() 
     );
     let sent = browser.eval("window.sent").await;
     let body = &sent[0];
-    assert_eq!(body["updateMask"], "maxItems,maxWait", "{sent}");
+    let mask = "maxItems,maxWait,maxGroups,overflow";
+    assert_eq!(body["updateMask"], mask, "{sent}");
     assert_eq!(body["policy"]["etag"], before.etag.as_str(), "{sent}");
     assert_eq!(body["policy"]["maxItems"], 30, "{sent}");
 
@@ -350,13 +358,19 @@ async fn an_edit_through_the_page_changes_the_policy_and_shows_in_its_history() 
         "{CARD}?.querySelector(\"li.revision-entry[data-revision='{}']\")",
         after.revision
     );
-    let changes = format!("{entry}?.querySelector('.changes')?.children.length === 2");
+    let changes = format!("{entry}?.querySelector('.changes')?.children.length === 4");
     browser.wait_for("the edit in the history", &changes).await;
     let text =
         |part: &str| format!("[...{entry}.querySelectorAll('{part}')].map(e => e.textContent)");
     assert_eq!(browser.eval(&text(".reason")).await, json!(["peak season"]));
     let changed = browser.eval(&text(".change")).await;
-    assert_eq!(changed, json!(["max_items: 20 → 30", "max_wait: 20m → 5m"]));
+    let want = [
+        "max_items: 20 → 30",
+        "max_wait: 20m → 5m",
+        "max_groups: unset → 500",
+        "overflow: unset → flush_oldest",
+    ];
+    assert_eq!(changed, json!(want));
     let who = browser.eval(&text(".who")).await;
     assert!(
         who[0].as_str().unwrap().starts_with("peer 127.0.0.1:"),

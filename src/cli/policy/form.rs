@@ -58,6 +58,8 @@ pub fn fields(p: &pb::Policy) -> Map<String, Value> {
         ("deadline_lead", duration(p.deadline_lead.as_ref())),
         ("min_items", p.min_items.map(Value::from)),
         ("max_age", duration(p.max_age.as_ref())),
+        ("max_groups", p.max_groups.map(Value::from)),
+        ("overflow", p.overflow.clone().map(Value::from)),
     ];
     let set = entries
         .into_iter()
@@ -162,6 +164,8 @@ pub fn policy_pb(name: String, table: &KeyPolicy) -> pb::Policy {
         deadline_lead: d(table.deadline_lead),
         min_items: table.min_items,
         max_age: d(table.max_age),
+        max_groups: table.max_groups,
+        overflow: table.overflow.map(|o| o.as_str().to_owned()),
         ..Default::default()
     }
 }
@@ -196,7 +200,8 @@ mod tests {
     fn fields_are_the_stores_json() {
         let text = r#"{"max_items":40,"max_wait":"2h","max_bytes":1048576,"max_idle":"1h 30m",
             "capacity":{"weight_g":24000000,"volume_l":3},"cutoffs":["11:30","17:45:10"],
-            "timezone":"Europe/Berlin","deadline_lead":"45m","min_items":5,"max_age":"6h"}"#;
+            "timezone":"Europe/Berlin","deadline_lead":"45m","min_items":5,"max_age":"6h",
+            "max_groups":0,"overflow":"flush_oldest"}"#;
         for json in [text, "{}", r#"{"capacity":{}}"#] {
             let t = table(json);
             let ours = Value::Object(fields(&policy_pb("policies/keys/x".into(), &t)));

@@ -18,6 +18,7 @@ use clap::{Args, Subcommand};
 
 use super::client::CliError;
 use super::{Pages, Remote};
+use crate::policy::Overflow;
 use crate::policy_store::FIELDS;
 
 /// `batcher policy ...`.
@@ -117,6 +118,13 @@ pub struct SetArgs {
     /// Flush a held group at this age whatever its size.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub max_age: Option<prost_types::Duration>,
+    /// The most groups the policy's keys hold open at once (0: no limit).
+    #[arg(long, value_name = "N")]
+    pub max_groups: Option<u32>,
+    /// What an add does that would open a group past max_groups or
+    /// [limits] max_open_groups.
+    #[arg(long, value_name = "WHAT", value_parser = PossibleValuesParser::new([Overflow::Refuse, Overflow::FlushOldest].map(Overflow::as_str)))]
+    pub overflow: Option<String>,
     /// Clear a field (a key policy then takes the defaults'); repeatable.
     #[arg(long, value_name = "FIELD", value_delimiter = ',', value_parser = PossibleValuesParser::new(FIELDS))]
     pub unset: Vec<String>,

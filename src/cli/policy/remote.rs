@@ -101,6 +101,8 @@ pub fn update_request(args: &SetArgs) -> Result<pb::UpdatePolicyRequest, CliErro
         deadline_lead: args.deadline_lead,
         min_items: args.min_items,
         max_age: args.max_age,
+        max_groups: args.max_groups,
+        overflow: args.overflow.clone(),
         ..Default::default()
     };
     let set = fields(&policy);

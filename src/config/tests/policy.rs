@@ -1,12 +1,14 @@
 //! Tests of the logistics fields of the policy tables: `max_idle`,
 //! `capacity`, `cutoffs`, `timezone`, `deadline_lead`, `min_items` and
 //! `max_age`, how a key table merges over `[defaults]`, the rules checked
-//! on each merged table, and the logistics and delayed-queue config
-//! examples of docs/policies.md.
+//! on each merged table, the limits on open groups (`max_groups`,
+//! `overflow`), and the logistics and delayed-queue config examples of
+//! docs/policies.md.
 
 use std::sync::Arc;
 
 use super::*;
+use crate::policy::Overflow;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -312,6 +314,88 @@ fn merged_rules() {
             // A key table's longer max_wait passes the defaults' max_age.
             "[defaults]\nmax_age = \"1h\"\n[keys.\"a\"]\nmax_wait = \"90m\"\n",
             "[keys.\"a\"] max_age: 1h (from [defaults]) must be at least max_wait = 1h 30m (line 3",
+        ),
+    ]);
+}
+
+/// `max_groups` and `overflow` parse in `[defaults]` and in key tables,
+/// with `[limits] max_open_groups`; a table that leaves them unset takes
+/// the defaults', and each glob's keys are counted apart from the
+/// defaults' (an exact key, with at most one group, is not counted). Off
+/// by default: no limit, and "refuse".
+#[test]
+fn open_group_limits_parse() {
+    let c = parse(
+        "[defaults]\nmax_groups = 1000\noverflow = \"flush_oldest\"\n\
+         [keys.\"scan-*\"]\nmax_groups = 50\noverflow = \"refuse\"\n\
+         [keys.\"east-*\"]\n\
+         [keys.\"north\"]\n\
+         [keys.\"west\"]\nmax_groups = 0\n\
+         [limits]\nmax_open_groups = 100000\n",
+    )
+    .unwrap();
+    assert_eq!(c.limits.max_open_groups, 100_000);
+    assert_eq!(c.keys["scan-*"].max_groups, Some(50));
+    assert_eq!(c.keys["scan-*"].overflow, Some(Overflow::Refuse));
+    assert_eq!(c.keys["east-*"].overflow, None);
+    let p = c.policies();
+    let defaults = p.defaults();
+    assert_eq!(
+        (defaults.max_groups, defaults.overflow),
+        (1000, Overflow::FlushOldest)
+    );
+    let scan = p.resolve("scan-1");
+    assert_eq!((scan.max_groups, scan.overflow), (50, Overflow::Refuse));
+    let east = p.resolve("east-1");
+    assert_eq!(
+        (east.max_groups, east.overflow),
+        (1000, Overflow::FlushOldest)
+    );
+    let west = p.resolve("west");
+    assert_eq!((west.max_groups, west.scope), (0, None), "no limit");
+    assert_eq!(
+        p.resolve("north").scope,
+        None,
+        "an exact key is not counted"
+    );
+    let scopes = [defaults.scope, scan.scope, east.scope];
+    assert!(scopes.iter().all(Option::is_some), "{scopes:?}");
+    assert!(
+        scopes[0] != scopes[1] && scopes[0] != scopes[2] && scopes[1] != scopes[2],
+        "each table counted apart: {scopes:?}"
+    );
+    let off = parse("").unwrap();
+    assert_eq!(off.limits.max_open_groups, 0);
+    let d = off.policies().defaults();
+    assert_eq!((d.max_groups, d.overflow), (0, Overflow::Refuse));
+    assert_eq!(Overflow::FlushOldest.as_str(), "flush_oldest");
+}
+
+/// A bad `overflow` or `max_groups` names the table, the field and the
+/// line, and `overflow` says which names it takes.
+#[test]
+fn open_group_limit_errors_name_the_field() {
+    assert_rejected(&[
+        (
+            "[defaults]\noverflow = \"sometimes\"\n",
+            "batcher.toml: [defaults] overflow: unknown variant `sometimes`, \
+             expected `refuse` or `flush_oldest` (line 2",
+        ),
+        (
+            "[keys.\"a\"]\nmax_items = 3\noverflow = \"FLUSH_OLDEST\"\n",
+            "[keys.\"a\"] overflow: unknown variant `FLUSH_OLDEST`",
+        ),
+        (
+            "[keys.\"a\"]\noverflow = 1\n",
+            "[keys.\"a\"] overflow: wanted string or table (line 2",
+        ),
+        (
+            "[defaults]\nmax_groups = -1\n",
+            "[defaults] max_groups: invalid value: integer `-1`, expected u32 (line 2",
+        ),
+        (
+            "[limits]\nmax_open_groups = \"many\"\n",
+            "[limits] max_open_groups: invalid type: string \"many\"",
         ),
     ]);
 }

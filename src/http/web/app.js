@@ -90,6 +90,7 @@ async function refresh() {
     const page = await fetchPage(state.tokens[state.page]);
     if (generation !== state.generation) return;
     state.next = page.next;
+    if (page.limits) showLimits(page.limits);
     showGroups(page.groups);
     notice("");
     startFeed();
@@ -114,17 +115,45 @@ async function refresh() {
 async function fetchPage(pageToken) {
   const groups = [];
   let token = pageToken;
+  let limits = null;
   for (let calls = 0; calls < MAX_CALLS_PER_PAGE; calls += 1) {
     const reply = await api("api/groups", {
       prefix: state.prefix,
       page_size: state.pageSize - groups.length,
       page_token: token,
     });
+    // The first page's first reply carries the limits on open groups.
+    if (!token) {
+      limits = { rows: reply.openGroupLimits || [], oldest: reply.oldestLimitedGroupAge };
+    }
     groups.push(...(reply.groups || []));
     token = reply.nextPageToken || "";
     if (!token || groups.length >= state.pageSize) break;
   }
-  return { groups, next: token };
+  return { groups, next: token, limits };
+}
+
+/**
+ * Shows each limit on open groups with the groups open under it, and the
+ * age of the oldest of them; hidden while no limit is set.
+ */
+function showLimits(limits) {
+  const list = $("limits");
+  const items = limits.rows.map((limit) => {
+    const open = Number(limit.openGroups || 0);
+    const most = Number(limit.limit || 0);
+    const item = el("li");
+    item.dataset.limit = limit.name;
+    item.append(el("span", "limit-name", limit.name), " ");
+    item.append(bar(open, most, `${open} / ${most} open`));
+    return item;
+  });
+  if (limits.oldest) {
+    const seconds = Math.round(parseFloat(limits.oldest));
+    items.push(el("li", "oldest", `Oldest group under a limit opened ${seconds} s ago`));
+  }
+  list.replaceChildren(...items);
+  list.hidden = limits.rows.length === 0;
 }
 
 /** Starts again from the first page (after a change of filter or size). */

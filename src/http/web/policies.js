@@ -83,11 +83,22 @@ function parseCapacity(text) {
   return { limits };
 }
 
+/** The names `overflow` takes, as the config file writes them. */
+const OVERFLOWS = ["refuse", "flush_oldest"];
+
+function parseOverflow(text) {
+  if (!OVERFLOWS.includes(text)) throw new Error(`is not an overflow: use ${OVERFLOWS.join(" or ")}`);
+  return text;
+}
+
 function parseCutoffs(text) {
   return { times: text.split(/[\s,]+/).filter(Boolean) };
 }
 
-/** The editable fields: name, JSON-mapping name, how to show and read. */
+/**
+ * The editable fields: name, JSON-mapping name, how to show and read, and
+ * for a field of a few names, those names (a menu instead of a text box).
+ */
 const FIELDS = [
   ["max_items", "maxItems", (v) => (v === undefined ? "" : String(v)), parseCount],
   ["max_wait", "maxWait", showDuration, parseDuration],
@@ -99,7 +110,9 @@ const FIELDS = [
   ["deadline_lead", "deadlineLead", showDuration, parseDuration],
   ["min_items", "minItems", (v) => (v === undefined ? "" : String(v)), parseCount],
   ["max_age", "maxAge", showDuration, parseDuration],
-].map(([name, json, show, parse]) => ({ name, json, show, parse }));
+  ["max_groups", "maxGroups", (v) => (v === undefined ? "" : String(v)), parseCount],
+  ["overflow", "overflow", (v) => v ?? "", parseOverflow, OVERFLOWS],
+].map(([name, json, show, parse, choices]) => ({ name, json, show, parse, choices }));
 
 /** A field's text from the form as its JSON value; undefined when empty. */
 function readField(field, text) {
@@ -211,11 +224,9 @@ function editForm(policy, open, message) {
   form.policy = policy;
   for (const field of FIELDS) {
     const label = el("label", "", field.name);
-    const input = el("input");
+    const input = fieldInput(field);
     input.name = field.name;
     input.value = field.show(policy[field.json]);
-    input.autocomplete = "off";
-    input.spellcheck = false;
     label.append(input);
     form.append(label);
   }
@@ -236,6 +247,23 @@ function editForm(policy, open, message) {
   });
   box.append(form);
   return box;
+}
+
+/** A text box for `field`, or a menu of its names (the first, empty: unset). */
+function fieldInput(field) {
+  if (!field.choices) {
+    const input = el("input");
+    input.autocomplete = "off";
+    input.spellcheck = false;
+    return input;
+  }
+  const menu = el("select");
+  for (const choice of ["", ...field.choices]) {
+    const option = el("option", "", choice || "(unset)");
+    option.value = choice;
+    menu.append(option);
+  }
+  return menu;
 }
 
 /** The changed fields of `form`: the policy's JSON with them, and the mask. */
