@@ -2,7 +2,7 @@
 //! (SIGSTOP), callers under load get UNAVAILABLE within the deadline plus a
 //! margin, health shows NOT_SERVING and then SERVING, and nothing accepted is
 //! lost; a client's shorter `grpc-timeout` is honoured; an add whose
-//! deadline passed while it queued is never written.
+//! deadline passed while it queued behind a call in flight is never written.
 
 use std::time::{Duration, Instant};
 
@@ -186,13 +186,14 @@ fn check_timed_out(status: &tonic::Status, started: Instant, timeout: Duration) 
     );
 }
 
-/// An add whose deadline has passed when its shard's writer takes it from
-/// the queue is dropped, not written, and its caller is told it timed out.
+/// An add whose deadline passes while it waits in its shard's queue behind
+/// a call in flight is dropped when the writer takes it, never written, and
+/// its caller is told it timed out; the call ahead of it lands.
 #[tokio::test]
 async fn expired_queued_add_is_never_written() {
     let redis = RedisServer::start();
     let config = config(&redis.url(), "");
-    let store = store(&config);
+    let store = std::sync::Arc::new(store(&config));
     let item = |id: &str| NewItem {
         key: "k".into(),
         item: Item::new(id, ""),
@@ -200,22 +201,48 @@ async fn expired_queued_add_is_never_written() {
         close: false,
         requeue_of: None,
     };
-    let expired = Deadline {
-        at: tokio::time::Instant::now(),
-        budget: Duration::from_millis(300),
-    };
-    let err = store
-        .add_within(vec![item("late")], Some(expired))
-        .await
-        .unwrap_err();
+    // The function loaded and the format checked, so the next call is one
+    // command.
+    let live = || Some(Deadline::after(Duration::from_secs(10)));
+    store.add_within(vec![item("warm")], live()).await.unwrap();
+
+    let paused = Paused::new(&redis);
+    let ahead = tokio::spawn({
+        let (store, first) = (store.clone(), vec![item("first")]);
+        async move { store.add_within(first, live()).await }
+    });
+    eventually("the call ahead to reach the stopped Redis", || async {
+        unread_by_redis(redis.port()).then_some(())
+    })
+    .await;
+    let short = Deadline::after(Duration::from_millis(300));
+    let queued = tokio::spawn({
+        let (store, late) = (store.clone(), vec![item("late")]);
+        async move { store.add_within(late, Some(short)).await }
+    });
+    // The event is the clock passing the queued add's deadline.
+    tokio::time::sleep_until(short.at).await;
+    drop(paused);
+
+    ahead.await.unwrap().expect("the call ahead lands");
+    let err = queued.await.unwrap().unwrap_err();
     assert!(matches!(err, StoreError::Timeout(_)), "{err:?}");
     assert_eq!(err.to_string(), "redis did not answer within 300ms");
-    let live = Deadline::after(Duration::from_secs(5));
-    store
-        .add_within(vec![item("on-time")], Some(live))
-        .await
-        .unwrap();
     let group = store.group("k").await.unwrap().expect("an open group");
     let ids: Vec<&[u8]> = group.items.iter().map(|i| i.id.as_slice()).collect();
-    assert_eq!(ids, [b"on-time"]);
+    assert_eq!(ids, [b"warm".as_slice(), b"first"]);
+}
+
+/// Whether a connection to the Redis on `port` holds bytes Redis has not
+/// read (from the kernel's table of IPv4 TCP sockets): a command sent to a
+/// stopped Redis.
+fn unread_by_redis(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local_port = fields[1].rsplit(':').next();
+        let rx_queue = fields[4].rsplit(':').next();
+        local_port.and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+            && rx_queue.is_some_and(|q| !q.trim_start_matches('0').is_empty())
+    })
 }
