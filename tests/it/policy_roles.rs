@@ -27,13 +27,10 @@ fn authed(service: &Service, name: &str) -> Authed {
     BatcherClient::with_interceptor(channel, batcher::cli::Bearer(Some(value)))
 }
 
-/// Reading policies needs the read role and changing them admin; a
-/// token's key prefixes limit the patterns it lists and changes, and only
-/// an unscoped token touches the defaults; the history names the token.
-#[tokio::test]
-async fn roles_and_key_scopes_apply_to_policies() {
+/// The `[[auth.tokens]]` tables of [`TOKENS`].
+fn tokens_toml() -> String {
     use sha2::{Digest, Sha256};
-    let tokens: String = TOKENS
+    TOKENS
         .iter()
         .map(|(name, roles, prefixes)| {
             let digest = format!("{:x}", Sha256::digest(name.as_bytes()));
@@ -42,7 +39,15 @@ async fn roles_and_key_scopes_apply_to_policies() {
                  roles = [{roles}]\nkey_prefixes = [{prefixes}]\n"
             )
         })
-        .collect();
+        .collect()
+}
+
+/// Reading policies needs the read role and changing them admin; a
+/// token's key prefixes limit the patterns it lists and changes, and only
+/// an unscoped token touches the defaults; the history names the token.
+#[tokio::test]
+async fn roles_and_key_scopes_apply_to_policies() {
+    let tokens = tokens_toml();
     let files = "[keys.\"north-1\"]\nmax_items = 5\n[keys.\"south-1\"]\nmax_items = 6\n";
     let redis = RedisServer::start();
     let text = store_on(&format!("{files}{tokens}"));

@@ -278,7 +278,20 @@ async fn a_batch_span_links_to_its_items_spans() {
     let mut client = support::client(process.addr).await;
     let mut batches = subscribe(&mut client, &["live", "bulk", "late"]).await;
 
-    // Two Adds and one AddMany of three, which completes the group of 5.
+    five_items_link_in_order(&mut client, &mut batches, &receiver).await;
+    links_stop_at_128(&mut client, &mut batches, &receiver).await;
+    a_sweepers_flush_links_too(&mut client, &mut batches, &receiver).await;
+    process.stop().await;
+}
+
+/// Two Adds and one AddMany of three complete a group of 5: its flush span
+/// links each item's span in order, names the batch, and gives the batch
+/// its context.
+async fn five_items_link_in_order(
+    client: &mut Client,
+    batches: &mut tonic::Streaming<pb::Batch>,
+    receiver: &Receiver,
+) {
     for (id, traceparent) in [("p1", parent('1', 'a')), ("p2", parent('2', 'b'))] {
         let request = traced(support::add("live", id, b"{}"), &traceparent);
         client.add(request).await.unwrap();
@@ -296,7 +309,7 @@ async fn a_batch_span_links_to_its_items_spans() {
     let response = client.add_many(traced(many, &parent('3', 'c'))).await;
     let flushed = response.unwrap().into_inner().results[2].flushed.clone();
     let flushed = flushed.expect("the fifth item flushed the group");
-    let batch = next_batch(&mut batches).await;
+    let batch = next_batch(batches).await;
     assert_eq!((batch.items.len(), &batch.id), (5, &flushed.id));
     assert_eq!(
         batch.trace_context, flushed.trace_context,
@@ -323,6 +336,30 @@ async fn a_batch_span_links_to_its_items_spans() {
         calls[0].span_id
     );
     let flush = flush_span_of(&flushes, &batch.id);
+    check_flush_span(flush, &expected, &batch);
+    let mut shown = expected.clone();
+    shown.push(flush);
+    println!(
+        "the receiver's spans of batch {}:\n{}",
+        batch.id,
+        dump(&shown)
+    );
+    let services = receiver
+        .spans
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(s, _)| s.clone())
+        .collect::<Vec<_>>();
+    assert!(
+        services.iter().all(|s| s == "batcher-under-test"),
+        "{services:?}"
+    );
+}
+
+/// The flush span of the group of 5: a root span linking each item's span
+/// in order, naming the batch, whose context the delivered batch carries.
+fn check_flush_span(flush: &Span, expected: &[&Span], batch: &pb::Batch) {
     let links: Vec<(Vec<u8>, Vec<u8>)> = flush
         .links
         .iter()
@@ -353,26 +390,14 @@ async fn a_batch_span_links_to_its_items_spans() {
     );
     assert_eq!(attributes(expected[0])["batcher.outcome"], "ADDED");
     assert_eq!(attributes(expected[4])["batcher.batch.id"], batch.id);
-    let mut shown = expected.clone();
-    shown.push(flush);
-    println!(
-        "the receiver's spans of batch {}:\n{}",
-        batch.id,
-        dump(&shown)
-    );
-    let services = receiver
-        .spans
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(s, _)| s.clone())
-        .collect::<Vec<_>>();
-    assert!(
-        services.iter().all(|s| s == "batcher-under-test"),
-        "{services:?}"
-    );
+}
 
-    // 130 items with contexts of their own: 128 links, 2 dropped.
+/// 130 items with contexts of their own: 128 links, 2 counted as dropped.
+async fn links_stop_at_128(
+    client: &mut Client,
+    batches: &mut tonic::Streaming<pb::Batch>,
+    receiver: &Receiver,
+) {
     let contexts: Vec<String> = (0..130)
         .map(|i| format!("00-{:032x}-{:016x}-01", 0xb000 + i, 0xc000 + i))
         .collect();
@@ -384,7 +409,7 @@ async fn a_batch_span_links_to_its_items_spans() {
             .collect(),
     };
     client.add_many(many).await.unwrap();
-    let bulk = next_batch(&mut batches).await;
+    let bulk = next_batch(batches).await;
     assert_eq!((bulk.key.as_str(), bulk.items.len()), ("bulk", 130));
     let items = receiver.wait_for("batcher.add", |s| s.len() == 132).await;
     let flushes = receiver.wait_for("batcher.flush", |s| s.len() >= 2).await;
@@ -395,11 +420,17 @@ async fn a_batch_span_links_to_its_items_spans() {
         let item = child_of(&items, context);
         assert_eq!(link.span_id, item.span_id);
     }
+}
 
-    // A group the sweeper flushes: its span comes from the sweeper's flush.
+/// A group the sweeper flushes: its span comes from the sweeper's flush.
+async fn a_sweepers_flush_links_too(
+    client: &mut Client,
+    batches: &mut tonic::Streaming<pb::Batch>,
+    receiver: &Receiver,
+) {
     let request = traced(support::add("late", "l1", b""), &parent('6', 'f'));
     client.add(request).await.unwrap();
-    let late = next_batch(&mut batches).await;
+    let late = next_batch(batches).await;
     assert_eq!(late.key, "late");
     let adds = receiver
         .wait_for("batcher.v1.Batcher/Add", |s| s.len() == 3)
@@ -418,7 +449,6 @@ async fn a_batch_span_links_to_its_items_spans() {
             hex::encode(&flush.span_id)
         ),
     );
-    process.stop().await;
 }
 
 /// With tracing off (`OTEL_SDK_DISABLED=true` beside an endpoint), adds

@@ -114,6 +114,26 @@ pub(super) fn print_table(
             }
         );
     }
+    print_ratios(measured);
+    if let Some(b) = baseline {
+        if b.redis_version != redis.version || b.redis_build_id != redis.build_id {
+            println!(
+                "\nNOTE: the baseline was counted on Redis {} (build {}), this run on {} (build {}): \
+                 instruction counts of different builds differ, so regenerate the baseline if \
+                 the Redis in use has changed.",
+                b.redis_version, b.redis_build_id, redis.version, redis.build_id
+            );
+        }
+        println!(
+            "\nChecked shapes may rise at most {:.0}% above the baseline.",
+            MAX_RISE * 100.0
+        );
+    }
+    failures
+}
+
+/// The spread of the floor shapes' starts, and the ratios between shapes.
+fn print_ratios(measured: &[Measured]) {
     for m in measured {
         if let Some((starts, spread)) = m.spread {
             println!(
@@ -151,21 +171,6 @@ pub(super) fn print_table(
             println!("{:<25} = {r:.2}", format!("{a} / {b}"));
         }
     }
-    if let Some(b) = baseline {
-        if b.redis_version != redis.version || b.redis_build_id != redis.build_id {
-            println!(
-                "\nNOTE: the baseline was counted on Redis {} (build {}), this run on {} (build {}): \
-                 instruction counts of different builds differ, so regenerate the baseline if \
-                 the Redis in use has changed.",
-                b.redis_version, b.redis_build_id, redis.version, redis.build_id
-            );
-        }
-        println!(
-            "\nChecked shapes may rise at most {:.0}% above the baseline.",
-            MAX_RISE * 100.0
-        );
-    }
-    failures
 }
 
 #[cfg(test)]

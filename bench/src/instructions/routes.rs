@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use batcher::batch::AddOutcome;
 use batcher::batch::Item;
+use batcher::batch::{AddOutcome, AddResult};
 use batcher::keys::Keyspace;
 use batcher::policy::Policy;
 use batcher::store::{NewItem, RedisTarget, Store, Timeouts};
@@ -41,6 +41,36 @@ fn now_ms() -> u64 {
     load::now_micros() / 1000
 }
 
+/// A store on the profiled Redis, under the shapes' policies.
+fn open_store(redis: &Profiled, policies: &Policies) -> Result<Store, String> {
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(30),
+        response: Duration::from_secs(300),
+    };
+    Store::open(
+        &RedisTarget::single(redis.url(), timeouts),
+        keyspace(),
+        policies.dedup,
+        policies.handle.clone(),
+    )
+    .map_err(|e| format!("Store::open: {e}"))
+}
+
+/// Counts the added items of `results` (returned) and their batches by
+/// reason (into `batches`).
+fn tally(results: &[AddResult], batches: &mut BTreeMap<String, u64>) -> usize {
+    let mut added = 0;
+    for result in results {
+        added += usize::from(result.outcome == AddOutcome::Added);
+        for batch in &result.flushed {
+            *batches
+                .entry(batch.reason.as_str().to_string())
+                .or_default() += 1;
+        }
+    }
+    added
+}
+
 /// A shape through `Store::add`, one call at a time.
 pub(super) async fn run_store(
     redis: &mut Profiled,
@@ -48,17 +78,7 @@ pub(super) async fn run_store(
     rules: bool,
     policies: &Policies,
 ) -> Result<Measured, String> {
-    let timeouts = Timeouts {
-        connect: Duration::from_secs(30),
-        response: Duration::from_secs(300),
-    };
-    let store = Store::open(
-        &RedisTarget::single(redis.url(), timeouts),
-        keyspace(),
-        policies.dedup,
-        policies.handle.clone(),
-    )
-    .map_err(|e| format!("Store::open: {e}"))?;
+    let store = open_store(redis, policies)?;
     let policy = if rules {
         &policies.rules
     } else {
@@ -103,14 +123,7 @@ pub(super) async fn run_store(
             .await
             .map_err(|e| format!("{}: add: {e}", shape.name))?;
         calls += 1;
-        for result in &report.results {
-            added += usize::from(result.outcome == AddOutcome::Added);
-            for batch in &result.flushed {
-                *batches
-                    .entry(batch.reason.as_str().to_string())
-                    .or_default() += 1;
-            }
-        }
+        added += tally(&report.results, &mut batches);
     }
     let instructions = redis.dump().await?;
     if added != shape.items {
