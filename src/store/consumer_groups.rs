@@ -32,6 +32,8 @@ impl Store {
         definition: &str,
         from_start: bool,
     ) -> Result<String> {
+        // Nothing is written under a prefix that holds another data format.
+        self.check_format().await?;
         let start = if from_start { "0" } else { "$" };
         // One command per shard stream, each to the node of its shard.
         let creates = (0..self.keys.shards()).map(|shard| async move {

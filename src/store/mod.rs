@@ -254,8 +254,9 @@ impl Store {
 
     /// Checks the format marker under the prefix ([`Keyspace::format_marker`])
     /// against [`crate::scripts::FORMAT`], and sets it where the prefix
-    /// holds nothing yet. A prefix with shard keys but no marker holds
-    /// format 1, which had none. Fails with [`StoreError::WrongFormat`]
+    /// holds nothing yet. A prefix with open groups or batches but no
+    /// marker holds format 1, which had none (an empty shard stream is no
+    /// sign of it: creating a consumer group makes one). Fails with [`StoreError::WrongFormat`]
     /// for any other format, older or newer. Once the format was found to be
     /// ours, later calls answer at once: the service checks at start, or,
     /// when Redis is down then, before its first add.
@@ -279,11 +280,15 @@ impl Store {
                 let keys = self.keys.shard(shard);
                 let mut conn = self.conn.clone();
                 async move {
-                    redis::cmd("EXISTS")
+                    let groups: u32 = redis::cmd("EXISTS")
                         .arg(&keys.due)
+                        .query_async(&mut conn)
+                        .await?;
+                    let batches: u32 = redis::cmd("XLEN")
                         .arg(&keys.stream)
-                        .query_async::<u32>(&mut conn)
-                        .await
+                        .query_async(&mut conn)
+                        .await?;
+                    Ok::<_, RedisError>(groups + batches)
                 }
             });
             let used = futures::future::try_join_all(shards).await?;

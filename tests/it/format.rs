@@ -2,7 +2,8 @@
 //! it found and what to do, to start on a prefix that holds data in another
 //! format, older (unmarked shard keys) or unknown; on an empty prefix it
 //! marks the format it writes. Started while Redis is down, it checks
-//! before its first add, and writes nothing in another format.
+//! before its first add or consumer group, and writes nothing in another
+//! format.
 
 use crate::support;
 
@@ -91,4 +92,27 @@ async fn a_service_started_before_redis_checks_before_its_first_add() {
     assert_eq!(redis.data_keys(), "0", "an add wrote into format 3");
     assert_eq!(redis.cli(&["GET", &marker]), "3");
     service.stop().await;
+}
+
+/// A store whose first write is a consumer group (which makes the empty
+/// shard streams) still finds the prefix empty, not format 1, at its first
+/// add: the add lands and the marker is its own.
+#[tokio::test]
+async fn a_consumer_group_made_before_the_first_add_is_not_format_1() {
+    let redis = RedisServer::start();
+    let store = support::store(&support::config(&redis.url(), ""));
+    store
+        .create_consumer_group("trucks", "", false)
+        .await
+        .expect("the consumer group");
+    let item = batcher::store::NewItem {
+        key: "k".into(),
+        item: batcher::batch::Item::new("1", "p"),
+        policy: batcher::policy::Policy::default(),
+        close: false,
+        requeue_of: None,
+    };
+    store.add(vec![item]).await.expect("the first add");
+    let marker = Keyspace::new("batcher", 4).format_marker();
+    assert_eq!(redis.cli(&["GET", &marker]), "2");
 }
