@@ -200,8 +200,17 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, Server
         pinged => pinged,
     };
     match pinged {
-        // A Redis that answers must hold our data format, or nothing is served.
-        Ok(()) => store.check_format().await?,
+        // A Redis that answers must hold our data format, or nothing is
+        // served. A read that fails for want of an answer (a busy Redis)
+        // leaves the check to the first write, as when Redis is down.
+        Ok(()) => match store.check_format().await {
+            Err(err @ StoreError::WrongFormat { .. }) => return Err(err.into()),
+            Err(err) => tracing::warn!(
+                %err,
+                "cannot read the data format marker yet; checking it before the first write"
+            ),
+            Ok(()) => {}
+        },
         Err(err) if is_auth_failure(&err) => tracing::warn!(
             %err,
             "redis authentication failed: check the user and password in [redis] url or \

@@ -321,7 +321,7 @@ async fn remove_takes_items_out() {
         .unwrap()
         .into_inner();
     assert!(
-        listed.groups.is_empty(),
+        listed.groups.is_empty() && listed.next_page_token.is_empty(),
         "the emptied group left no due entry"
     );
     service.stop().await;
