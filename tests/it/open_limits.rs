@@ -97,6 +97,12 @@ fn flushed(batches: &[pb::Batch]) -> Vec<(String, FlushReason, Vec<String>)> {
         .collect()
 }
 
+/// One OVERFLOW batch of `key` holding `ids`, as [`flushed`] lists it.
+fn overflowed(key: &str, ids: &[&str]) -> Vec<(String, FlushReason, Vec<String>)> {
+    let ids = ids.iter().map(|id| id.to_string()).collect();
+    vec![(key.to_owned(), FlushReason::Overflow, ids)]
+}
+
 /// A key table's max_groups refuses a new group past it (unary Add:
 /// RESOURCE_EXHAUSTED naming the limit; AddMany: REFUSED per item) and
 /// writes nothing, while its open groups and other keys still take items;
@@ -185,12 +191,7 @@ async fn flush_oldest_makes_room_with_the_least_recently_added_to_group() {
     added(&mut client, "bin-1", "d").await;
 
     let resp = added(&mut client, "bin-4", "e").await;
-    let want = vec![(
-        "bin-2".to_owned(),
-        FlushReason::Overflow,
-        vec!["b".to_owned()],
-    )];
-    assert_eq!(flushed(&resp.batches), want);
+    assert_eq!(flushed(&resp.batches), overflowed("bin-2", &["b"]));
     assert_eq!(resp.group_size, 1);
     assert!(group(&mut client, "bin-2").await.is_none());
     let delivered = next_batch(&mut stream).await;
@@ -219,13 +220,12 @@ async fn flush_oldest_makes_room_with_the_least_recently_added_to_group() {
             flushed(&r.batches)
         })
         .collect();
-    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     assert_eq!(
         made_room,
         [
-            vec![("bin-3".to_owned(), FlushReason::Overflow, s(&["c"]))],
-            vec![("bin-1".to_owned(), FlushReason::Overflow, s(&["a", "d"]))],
-            vec![("bin-4".to_owned(), FlushReason::Overflow, s(&["e"]))],
+            overflowed("bin-3", &["c"]),
+            overflowed("bin-1", &["a", "d"]),
+            overflowed("bin-4", &["e"]),
         ]
     );
     for key in ["bin-5", "bin-6", "bin-7"] {
@@ -253,12 +253,7 @@ async fn the_service_limit_counts_every_key_and_the_policy_chooses_the_overflow(
     refused(&mut client, "area-3", "c", "limits.max_open_groups").await;
 
     let resp = added(&mut client, "bin-1", "d").await;
-    let want = vec![(
-        "area-1".to_owned(),
-        FlushReason::Overflow,
-        vec!["a".to_owned()],
-    )];
-    assert_eq!(flushed(&resp.batches), want);
+    assert_eq!(flushed(&resp.batches), overflowed("area-1", &["a"]));
 
     let page = client
         .list_groups(pb::ListGroupsRequest::default())

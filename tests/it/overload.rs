@@ -71,8 +71,13 @@ async fn full_shard_queue_refuses_at_once() {
             refused = Some((status, started.elapsed()));
             break;
         }
-        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-        assert_error_info(&status, "REDIS_TIMEOUT");
+        match status.code() {
+            Code::Unavailable => _ = assert_error_info(&status, "REDIS_TIMEOUT"),
+            // The client's own timer for the same 200 ms, which on a busy
+            // machine can fire before the service's answer arrives.
+            Code::Cancelled => assert_eq!(status.message(), "Timeout expired", "{status:?}"),
+            _ => panic!("a probe failed otherwise: {status:?}"),
+        }
     }
     let (status, took) = refused.expect("the queue never filled");
     assert!(took < Duration::from_secs(1), "refused after {took:?}");
