@@ -25,21 +25,23 @@ impl BatcherService {
         field: &str,
         req: pb::AddRequest,
     ) -> Result<NewItem, Error> {
-        self.check_key(&format!("{field}key"), &req.key)?;
+        // Names are written out only for an error.
+        self.check_key(format_args!("{field}key"), &req.key)?;
         let item = req
             .item
             .ok_or_else(|| invalid(format!("{field}item"), "is required"))?;
-        self.check_id(&format!("{field}item.id"), &item.id)?;
+        self.check_id(format_args!("{field}item.id"), &item.id)?;
         check_size(
-            &format!("{field}item.payload"),
+            format_args!("{field}item.payload"),
             item.payload.len(),
             self.limits.max_payload_bytes,
         )?;
         let policy = table.resolve(&req.key);
-        let measures = checks::measures(&format!("{field}item.measures"), item.measures, &policy)?;
+        let measures =
+            checks::measures(format_args!("{field}item.measures"), item.measures, &policy)?;
         let deadline_ms = item
             .deadline
-            .map(|at| checks::timestamp_ms(&format!("{field}item.deadline"), at))
+            .map(|at| checks::timestamp_ms(format_args!("{field}item.deadline"), at))
             .transpose()?;
         Ok(NewItem {
             key: req.key,

@@ -2,6 +2,7 @@
 //! refusal names the field.
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
 
 use bytesize::ByteSize;
 
@@ -41,11 +42,11 @@ impl BatcherService {
             .collect()
     }
 
-    pub(super) fn check_key(&self, field: &str, key: &str) -> Result<(), Error> {
+    pub(super) fn check_key(&self, field: impl Display, key: &str) -> Result<(), Error> {
         check_required_size(field, key.len(), self.limits.max_key_bytes)
     }
 
-    pub(super) fn check_id(&self, field: &str, id: &str) -> Result<(), Error> {
+    pub(super) fn check_id(&self, field: impl Display, id: &str) -> Result<(), Error> {
         check_required_size(field, id.len(), self.limits.max_item_id_bytes)
     }
 
@@ -60,11 +61,13 @@ impl BatcherService {
     }
 }
 
-/// Refuses a value of `len` bytes when that is more than `limit`.
-pub(super) fn check_size(field: &str, len: usize, limit: ByteSize) -> Result<(), Error> {
+/// Refuses a value of `len` bytes when that is more than `limit`. The
+/// field's name is written only for an error (an add's names are
+/// `format_args!` of its place in the request).
+pub(super) fn check_size(field: impl Display, len: usize, limit: ByteSize) -> Result<(), Error> {
     if len as u64 > limit.as_u64() {
         return Err(invalid(
-            field,
+            field.to_string(),
             format!("is {len} bytes, more than the limit of {}", limit.as_u64()),
         ));
     }
@@ -72,9 +75,13 @@ pub(super) fn check_size(field: &str, len: usize, limit: ByteSize) -> Result<(),
 }
 
 /// Refuses an empty value, or one of more than `limit` bytes.
-pub(super) fn check_required_size(field: &str, len: usize, limit: ByteSize) -> Result<(), Error> {
+pub(super) fn check_required_size(
+    field: impl Display,
+    len: usize,
+    limit: ByteSize,
+) -> Result<(), Error> {
     if len == 0 {
-        return Err(invalid(field, "must not be empty"));
+        return Err(invalid(field.to_string(), "must not be empty"));
     }
     check_size(field, len, limit)
 }
@@ -83,19 +90,22 @@ pub(super) fn check_required_size(field: &str, len: usize, limit: ByteSize) -> R
 /// config names them, values that the scripts sum exactly, and none that
 /// alone exceeds the key's capacity.
 pub(super) fn measures(
-    field: &str,
+    field: impl Display,
     measures: std::collections::HashMap<String, u64>,
     policy: &Policy,
 ) -> Result<BTreeMap<String, u64>, Error> {
     let mut checked = BTreeMap::new();
     for (name, value) in measures {
-        let at = format!("{field}[{name:?}]");
+        let at = || format!("{field}[{name:?}]");
         if !crate::policy::measure_name_ok(&name) {
-            return Err(invalid(at, "must be named by 1 to 64 of A-Z a-z 0-9 _ - ."));
+            return Err(invalid(
+                at(),
+                "must be named by 1 to 64 of A-Z a-z 0-9 _ - .",
+            ));
         }
         if value > MAX_MEASURE {
             return Err(invalid(
-                at,
+                at(),
                 format!("must be at most {MAX_MEASURE}, got {value}"),
             ));
         }
@@ -103,7 +113,7 @@ pub(super) fn measures(
             && value > cap
         {
             return Err(invalid(
-                at,
+                at(),
                 format!("is {value}, more than the key's capacity of {cap}: it can never fit"),
             ));
         }
@@ -114,10 +124,10 @@ pub(super) fn measures(
 
 /// A timestamp as ms since the Unix epoch; refuses one before the epoch or
 /// with nanos out of range.
-pub(super) fn timestamp_ms(field: &str, at: prost_types::Timestamp) -> Result<u64, Error> {
+pub(super) fn timestamp_ms(field: impl Display, at: prost_types::Timestamp) -> Result<u64, Error> {
     if at.seconds < 0 || !(0..1_000_000_000).contains(&at.nanos) {
         return Err(invalid(
-            field,
+            field.to_string(),
             "must be a valid time after 1970-01-01T00:00:00Z",
         ));
     }

@@ -370,10 +370,10 @@ impl pb::batcher_server::Batcher for BatcherService {
         let caller = Caller::of(&request);
         let req = request.into_inner();
         for (i, key) in req.keys.iter().enumerate() {
-            self.check_key(&format!("keys[{i}]"), key)?;
+            self.check_key(format_args!("keys[{i}]"), key)?;
         }
         for (i, prefix) in req.key_prefixes.iter().enumerate() {
-            self.check_key(&format!("key_prefixes[{i}]"), prefix)?;
+            self.check_key(format_args!("key_prefixes[{i}]"), prefix)?;
         }
         let filter = Filter {
             keys: req.keys.iter().cloned().collect::<HashSet<_>>(),

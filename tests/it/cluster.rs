@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex};
 
 use crate::support::cluster::{self, shared, wait_all_flushed};
 use crate::support::layout::{LAYOUT_CONFIG, Monitor, check_layout, exercise};
+use crate::support::load::until_answered;
 use crate::support::redis::cli;
-use crate::support::{DEADLINE, Service, add, all_batches, next_batch, placements, store};
+use crate::support::{Service, add, all_batches, next_batch, placements, store};
 use batcher::config::Config;
 use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use rand::{Rng, SeedableRng};
-use tonic::Code;
 use tonic::transport::Channel;
 
 /// A service over the shared cluster with key prefix `prefix`.
@@ -209,23 +209,21 @@ struct Answers {
 
 /// One caller: 100 adds of ids from a pool that other callers add too (as
 /// retries would), spread over 12 keys; an UNAVAILABLE add is retried.
-async fn caller(mut client: BatcherClient<Channel>, task: u64, answers: Arc<Mutex<Answers>>) {
+async fn caller(client: BatcherClient<Channel>, task: u64, answers: Arc<Mutex<Answers>>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(task);
     for _ in 0..100 {
         let key = format!("area-{}", rng.random_range(0..12));
         let id = format!("parcel-{}", rng.random_range(0..400));
         let item = (key.clone(), id.clone());
-        let asked = std::time::Instant::now();
-        let resp = loop {
-            assert!(asked.elapsed() < DEADLINE, "{item:?} unanswered");
-            match client.add(add(&key, &id, b"x")).await {
-                Ok(resp) => break resp.into_inner(),
-                Err(status) => {
-                    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-                    answers.lock().unwrap().unanswered.insert(item.clone());
-                }
-            }
-        };
+        let (resp, failed) = until_answered(&format!("{item:?}"), || {
+            let mut client = client.clone();
+            let req = add(&key, &id, b"x");
+            async move { client.add(req).await }
+        })
+        .await;
+        if failed {
+            answers.lock().unwrap().unanswered.insert(item.clone());
+        }
         if resp.outcome == pb::AddOutcome::Added as i32 {
             *answers.lock().unwrap().accepted.entry(item).or_insert(0) += 1;
         }

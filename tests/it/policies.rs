@@ -8,6 +8,7 @@ use crate::support;
 use std::collections::HashMap;
 use std::time::Instant;
 
+use crate::support::load::until_answered;
 use crate::support::policy::{
     Client, all_flushed, closing, due_by, due_reason, group, ids, ms, now_ms, reason, start,
     subscribe_all, weighed,
@@ -361,21 +362,19 @@ max_sleep = "50ms"
 /// One caller of the two-instance test: 60 adds of distinct ids over 4
 /// keys, weighing 1 to 400 g, retrying an UNAVAILABLE add until answered.
 /// Returns the (key, id) pairs it added; checks every batch it is handed.
-async fn weighed_caller(mut client: Client, task: u64) -> Vec<(String, String)> {
+async fn weighed_caller(client: Client, task: u64) -> Vec<(String, String)> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(task);
     let mut accepted = Vec::new();
     for i in 0..60 {
         let key = format!("truck-{}", rng.random_range(0..4));
         let id = format!("t{task}-{i}");
         let req = weighed(&key, &id, &[("weight_g", rng.random_range(1..=400))]);
-        let asked = std::time::Instant::now();
-        let resp = loop {
-            assert!(asked.elapsed() < support::DEADLINE, "{id} unanswered");
-            match client.add(req.clone()).await {
-                Ok(resp) => break resp.into_inner(),
-                Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
-            }
-        };
+        let (resp, _) = until_answered(&id, || {
+            let mut client = client.clone();
+            let req = req.clone();
+            async move { client.add(req).await }
+        })
+        .await;
         for batch in &resp.batches {
             assert!(weight(&batch.items) <= 1000, "{batch:?}");
         }

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::support::load::{ItemRef, Load, Tally, until_answered};
 use crate::support::{
     RedisServer, Service, add, all_batches, assert_error_info, config, eventually, next_batch,
     placements, store, wait_health,
@@ -18,9 +19,6 @@ use rand::{Rng, SeedableRng};
 use tonic::Code;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
-
-/// A (key, item id) pair.
-type ItemRef = (String, String);
 
 async fn open_groups(client: &mut BatcherClient<Channel>) -> usize {
     client
@@ -113,11 +111,7 @@ struct Answers {
 /// 5) of random ids that other callers add too, as retries would. A call
 /// that fails with UNAVAILABLE is retried until answered. Checks every batch
 /// it is handed.
-async fn shared_id_caller(
-    mut client: BatcherClient<Channel>,
-    task: u64,
-    answers: Arc<Mutex<Answers>>,
-) {
+async fn shared_id_caller(client: BatcherClient<Channel>, task: u64, answers: Arc<Mutex<Answers>>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(task);
     for i in 0..150 {
         let key = format!("area-{}", rng.random_range(0..6));
@@ -128,31 +122,25 @@ async fn shared_id_caller(
             vec![id]
         };
         let items: Vec<pb::AddRequest> = ids.iter().map(|id| add(&key, id, b"x")).collect();
-        let asked = std::time::Instant::now();
-        let results = loop {
-            assert!(
-                asked.elapsed() < support::DEADLINE,
-                "add of {ids:?} unanswered for the whole deadline"
-            );
-            let reply = if items.len() > 1 {
-                let many = pb::AddManyRequest {
-                    items: items.clone(),
-                };
-                client.add_many(many).await.map(|r| r.into_inner().results)
-            } else {
-                let one = client.add(items[0].clone()).await;
-                one.map(|r| vec![r.into_inner()])
-            };
-            match reply {
-                Ok(results) => break results,
-                Err(status) => {
-                    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-                    let mut answers = answers.lock().unwrap();
-                    let refs = ids.iter().map(|id| (key.clone(), id.clone()));
-                    answers.unanswered.extend(refs);
+        let (results, failed) = until_answered(&format!("add of {ids:?}"), || {
+            let mut client = client.clone();
+            let items = items.clone();
+            async move {
+                if items.len() > 1 {
+                    let many = pb::AddManyRequest { items };
+                    client.add_many(many).await.map(|r| r.map(|r| r.results))
+                } else {
+                    let one = client.add(items[0].clone()).await;
+                    one.map(|r| r.map(|r| vec![r]))
                 }
             }
-        };
+        })
+        .await;
+        if failed {
+            let mut answers = answers.lock().unwrap();
+            let refs = ids.iter().map(|id| (key.clone(), id.clone()));
+            answers.unanswered.extend(refs);
+        }
         for (resp, id) in results.into_iter().zip(ids) {
             if resp.outcome == pb::AddOutcome::Added as i32 {
                 let mut answers = answers.lock().unwrap();
@@ -242,86 +230,20 @@ max_sleep = "50ms"
     b.stop().await;
 }
 
-/// Callers adding distinct items in a loop until their first failed call, as
-/// a crash would cause. Each remembers what was answered and the one add that
-/// got no answer, which it will retry.
-struct Load {
-    accepted: Arc<Mutex<Vec<(String, String)>>>,
-    unanswered: Arc<Mutex<Vec<(String, String)>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    /// Starts one caller per client, spreading adds over `keys` keys. With
-    /// `failure` set, the call that fails must fail with that code.
-    fn start(clients: Vec<BatcherClient<Channel>>, keys: usize, failure: Option<Code>) -> Load {
-        let load = Load {
-            accepted: Arc::default(),
-            unanswered: Arc::default(),
-            tasks: Vec::new(),
-        };
-        let tasks = clients
-            .into_iter()
-            .enumerate()
-            .map(|(task, mut client)| {
-                let (accepted, unanswered) = (load.accepted.clone(), load.unanswered.clone());
-                tokio::spawn(async move {
-                    for i in 0.. {
-                        let key = format!("zone-{}", i % keys);
-                        let id = format!("t{task}-{i}");
-                        match client.add(add(&key, &id, b"payload")).await {
-                            Ok(resp) => {
-                                assert_eq!(resp.into_inner().outcome, pb::AddOutcome::Added as i32);
-                                accepted.lock().unwrap().push((key, id));
-                            }
-                            Err(status) => {
-                                if let Some(code) = failure {
-                                    assert_eq!(status.code(), code, "{status:?}");
-                                }
-                                unanswered.lock().unwrap().push((key, id));
-                                return;
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        Load { tasks, ..load }
-    }
-
-    /// Waits until `n` adds have been answered.
-    async fn wait_for(&self, n: usize) {
-        eventually("some load to be accepted", || {
-            let done = self.accepted.lock().unwrap().len() >= n;
-            async move { done.then_some(()) }
-        })
-        .await;
-    }
-
-    /// Waits for every caller to stop; returns (answered, unanswered) adds.
-    async fn finish(self) -> (Vec<(String, String)>, Vec<(String, String)>) {
-        for task in self.tasks {
-            task.await.unwrap();
-        }
-        let accepted = self.accepted.lock().unwrap().clone();
-        let unanswered = self.unanswered.lock().unwrap().clone();
-        (accepted, unanswered)
-    }
-}
-
 /// Checks that every (key, id) is in exactly one batch and no others are.
-fn assert_exactly_once(batches: &[batcher::batch::Batch], items: &[(String, String)]) {
+fn assert_exactly_once(
+    batches: &[batcher::batch::Batch],
+    items: impl IntoIterator<Item = ItemRef>,
+) {
     let placed = placements(batches);
-    for (key, id) in items {
-        assert_eq!(
-            placed.get(&(key.clone(), id.clone())),
-            Some(&1),
-            "{key}/{id}"
-        );
+    let mut count = 0;
+    for item in items {
+        assert_eq!(placed.get(&item), Some(&1), "{item:?}");
+        count += 1;
     }
     assert_eq!(
         placed.len(),
-        items.len(),
+        count,
         "a batch holds an item that was never added"
     );
 }
@@ -348,10 +270,14 @@ async fn sigkill_mid_load_loses_nothing() {
         clients.push(support::client(first.addr).await);
     }
     // A killed server's clients see transport errors of several kinds.
-    let load = Load::start(clients, 5, None);
-    load.wait_for(400).await;
+    let load = Load::until_failure(clients, 5);
+    load.wait_answered(400).await;
     first.kill();
-    let (accepted, retries) = load.finish().await;
+    let Tally {
+        acknowledged,
+        unanswered: retries,
+        ..
+    } = load.finish().await;
 
     let second = support::serve(&path, dir.path()).start().await;
     let mut client = support::client(second.addr).await;
@@ -365,7 +291,7 @@ async fn sigkill_mid_load_loses_nothing() {
     })
     .await;
     let batches = all_batches(&store(&config(&redis.url(), ""))).await;
-    assert_exactly_once(&batches, &[accepted, retries].concat());
+    assert_exactly_once(&batches, acknowledged.into_iter().chain(retries));
     assert!(batches.iter().all(|b| b.items.len() <= 9));
     // Groups left open by the crash still flushed on time: within the restart
     // time plus a little of their due time.
@@ -399,10 +325,12 @@ max_wait = "500ms"
     for _ in 0..6 {
         clients.push(service.client().await);
     }
-    let load = Load::start(clients, 4, Some(Code::Unavailable));
-    load.wait_for(300).await;
+    let load = Load::until_failure(clients, 4);
+    load.wait_answered(300).await;
     redis.kill();
-    let (accepted, retries) = load.finish().await;
+    let tally = load.finish().await;
+    assert!(tally.other_errors.is_empty(), "{:?}", tally.other_errors);
+    let retries = tally.unanswered;
     redis.restart();
     let client = service.client().await;
     for (key, id) in &retries {
@@ -420,7 +348,7 @@ max_wait = "500ms"
     .await;
     assert_exactly_once(
         &all_batches(&store(&cfg)).await,
-        &[accepted, retries].concat(),
+        tally.acknowledged.into_iter().chain(retries),
     );
     service.stop().await;
 }

@@ -1,9 +1,13 @@
 //! Load for fault tests: callers that add distinct items without pause and
-//! retry each failed add until it is answered, recording what they were told
-//! (acknowledged items, failures, the longest stretch without an answer), and
-//! the exactly-once count of acknowledged items against the batches.
+//! retry each failed add until it is answered (or, as a crash leaves
+//! callers, stop at their first failed add), recording what they were told
+//! (acknowledged items, failures, the longest stretch without an answer),
+//! and the exactly-once count of acknowledged items against the batches.
+//! [`until_answered`] is the retry of one call, for tests with callers of
+//! their own.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,6 +41,18 @@ pub struct Tally {
     pub slowest_failure: Duration,
     /// Callers that gave up after [`OUTAGE_LIMIT`] without an answer.
     pub gave_up: usize,
+    /// The adds at which the callers of [`Load::until_failure`] stopped:
+    /// each got no answer, so the test retries it.
+    pub unanswered: Vec<ItemRef>,
+}
+
+/// What a caller does when an add fails.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnFailure {
+    /// Retries it until answered (giving up after [`OUTAGE_LIMIT`]).
+    Retry,
+    /// Stops, leaving the add in [`Tally::unanswered`].
+    Stop,
 }
 
 /// Callers adding under load; see the module docs.
@@ -53,6 +69,16 @@ pub struct Load {
 impl Load {
     /// Starts one caller per client, spreading adds over `keys` keys.
     pub fn start(clients: Vec<BatcherClient<Channel>>, keys: usize) -> Load {
+        Load::with(clients, keys, OnFailure::Retry)
+    }
+
+    /// [`Load::start`], with callers that stop at their first failed add,
+    /// as a crash of the service or of Redis leaves them.
+    pub fn until_failure(clients: Vec<BatcherClient<Channel>>, keys: usize) -> Load {
+        Load::with(clients, keys, OnFailure::Stop)
+    }
+
+    fn with(clients: Vec<BatcherClient<Channel>>, keys: usize, on_failure: OnFailure) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicUsize::new(0));
         let calls = Arc::new(AtomicUsize::new(0));
@@ -65,6 +91,7 @@ impl Load {
                     client,
                     task,
                     keys,
+                    on_failure,
                     stop: stop.clone(),
                     answered: answered.clone(),
                     calls: calls.clone(),
@@ -121,6 +148,7 @@ struct Caller {
     client: BatcherClient<Channel>,
     task: usize,
     keys: usize,
+    on_failure: OnFailure,
     stop: Arc<AtomicBool>,
     answered: Arc<AtomicUsize>,
     calls: Arc<AtomicUsize>,
@@ -142,7 +170,7 @@ impl Caller {
         }
     }
 
-    /// Adds one item, retrying failures; false if it gave up.
+    /// Adds one item, retrying failures; false if it gave up or stopped.
     async fn add_until_answered(&mut self, key: &str, id: &str) -> bool {
         let mut failing_since: Option<Instant> = None;
         loop {
@@ -156,6 +184,11 @@ impl Caller {
             }
             if let Some(answered) = self.record(reply, (key, id), failing_since) {
                 return answered;
+            }
+            if self.on_failure == OnFailure::Stop {
+                let item = (key.to_string(), id.to_string());
+                self.tally.lock().unwrap().unanswered.push(item);
+                return false;
             }
             failing_since.get_or_insert_with(Instant::now);
             tokio::time::sleep(RETRY_PAUSE).await;
@@ -192,6 +225,37 @@ impl Caller {
             return Some(false);
         }
         None
+    }
+}
+
+/// Sends `call` until it is answered, retrying UNAVAILABLE (a Redis reply
+/// slower than the service's response timeout, under load) for up to
+/// [`DEADLINE`]; any other error fails the test. Returns the answer, and
+/// whether a try failed first: Redis may have applied that try, and then
+/// the answer is DUPLICATE.
+pub async fn until_answered<T, F, Fut>(what: &str, mut call: F) -> (T, bool)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let asked = Instant::now();
+    let mut failed = false;
+    loop {
+        assert!(
+            asked.elapsed() < DEADLINE,
+            "{what} unanswered for the whole deadline"
+        );
+        match call().await {
+            Ok(reply) => return (reply.into_inner(), failed),
+            Err(status) => {
+                assert_eq!(
+                    status.code(),
+                    tonic::Code::Unavailable,
+                    "{what}: {status:?}"
+                );
+                failed = true;
+            }
+        }
     }
 }
 
