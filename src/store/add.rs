@@ -1,6 +1,6 @@
 //! The add path: [`Store::add`] splits a request per shard and hands each
-//! part to that shard's writer, which runs the add function for whatever parts
-//! queued up meanwhile in one call.
+//! part to that shard's writer (`writer.rs`), which runs the add function
+//! for whatever parts queued up meanwhile in one call.
 //!
 //! Each shard's queue is bounded in items (`[limits] max_queued_adds`): a
 //! call whose part does not fit fails at once with
@@ -11,23 +11,17 @@
 //! it failed.
 
 use std::collections::HashMap;
-use std::num::NonZeroUsize;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures::future::try_join_all;
-use redis::{ErrorKind, RedisError};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::conn::{Code, Conn, WaitReplicas, invoke};
-use super::decode::{AddReply, ItemReply, Room};
-use super::{AddArgs, Result, Store, StoreError};
-use crate::batch::{AddOutcome, AddResult, Batch, DecodeError, Item, OpenLimit};
-use crate::keys::Keyspace;
+use super::decode::Room;
+use super::writer::{AddJob, writer_gone};
+use super::{Result, Store, StoreError};
+use crate::batch::{AddResult, Batch, DecodeError, Item, OpenLimit};
 use crate::policy::Policy;
-use crate::scripts::Function;
 
 /// One item to add, with the policy of its key resolved.
 #[derive(Clone, Debug)]
@@ -53,7 +47,7 @@ pub struct AddReport {
 
 /// What a shard writer answers for one job: the earliest due time the call
 /// opened, and one result per item of the job.
-type ShardReply = (Option<u64>, Vec<Slot>);
+pub(super) type ShardReply = (Option<u64>, Vec<Slot>);
 
 /// One item's result from a round of add calls: done, or waiting for room
 /// under a limit on open groups.
@@ -130,11 +124,26 @@ impl Store {
         items: Vec<NewItem>,
         deadline: Option<Deadline>,
     ) -> Result<(Vec<Slot>, Vec<(u16, u64)>)> {
-        // Split the request per shard, keeping each shard's items in order.
         let count = items.len();
+        let shards: Vec<u16> = items.iter().map(|i| self.keys.shard_of(&i.key)).collect();
+        // All of one shard (a unary Add always is): one part, sent as it is.
+        if let Some(&shard) = shards.first()
+            && shards.iter().all(|s| *s == shard)
+        {
+            let room = self.queues[usize::from(shard)].reserve(shard, count)?;
+            let (earliest, results) = self.send_part(shard, items, deadline, room).await?;
+            if results.len() != count {
+                return Err(too_few_results());
+            }
+            return Ok((
+                results,
+                earliest.map(|due| vec![(shard, due)]).unwrap_or_default(),
+            ));
+        }
+        // Split the request per shard, keeping each shard's items in order.
         let mut per_shard: HashMap<u16, (Vec<usize>, Vec<NewItem>)> = HashMap::new();
-        for (index, item) in items.into_iter().enumerate() {
-            let part = per_shard.entry(self.keys.shard_of(&item.key)).or_default();
+        for (index, (item, shard)) in items.into_iter().zip(shards).enumerate() {
+            let part = per_shard.entry(shard).or_default();
             part.0.push(index);
             part.1.push(item);
         }
@@ -148,18 +157,8 @@ impl Store {
         let calls = parts
             .into_iter()
             .map(|(shard, indexes, items, room)| async move {
-                let (reply, done) = oneshot::channel();
-                let job = AddJob {
-                    items,
-                    deadline,
-                    reply,
-                    _room: room,
-                };
-                if self.queues[usize::from(shard)].jobs.send(job).is_err() {
-                    return Err(writer_gone());
-                }
-                let (earliest, results) = done.await.map_err(|_| writer_gone())??;
-                Ok((shard, indexes, earliest, results))
+                let (earliest, results) = self.send_part(shard, items, deadline, room).await?;
+                Ok::<_, StoreError>((shard, indexes, earliest, results))
             });
         let replies = try_join_all(calls).await?;
 
@@ -175,212 +174,26 @@ impl Store {
         }
         let results = results
             .into_iter()
-            .map(|r| {
-                r.ok_or_else(|| DecodeError("the add function returned too few results".into()))
-            })
+            .map(|r| r.ok_or_else(too_few_results))
             .collect::<std::result::Result<_, _>>()?;
         Ok((results, opened))
     }
-}
 
-/// Most items one merged add call takes, so no call holds Redis for
-/// long; a single request's shard part is never split, whatever its size.
-const MERGE_LIMIT: usize = 1000;
-
-/// One shard's queue: the writer's inbox, and the room left in it.
-///
-/// The channel itself is unbounded, but every job in it holds permits of
-/// `room` for its items (at least one), so it never holds more than
-/// `limit` items, nor more than `limit` jobs.
-pub(super) struct ShardQueue {
-    jobs: mpsc::UnboundedSender<AddJob>,
-    /// One permit per item the queue may still take; a job gives its
-    /// permits back when its writer has answered it.
-    room: Arc<Semaphore>,
-    limit: usize,
-}
-
-impl ShardQueue {
-    pub(super) fn new(jobs: mpsc::UnboundedSender<AddJob>, limit: NonZeroUsize) -> ShardQueue {
-        ShardQueue {
-            jobs,
-            room: Arc::new(Semaphore::new(limit.get())),
-            limit: limit.get(),
-        }
-    }
-
-    /// The same inbox with room for `limit` items.
-    pub(super) fn resized(&self, limit: NonZeroUsize) -> ShardQueue {
-        ShardQueue::new(self.jobs.clone(), limit)
-    }
-
-    /// Room for `items` items, or QueueFull at once. A part larger than the
-    /// whole queue takes all of it: it goes when the queue is empty.
-    fn reserve(&self, shard: u16, items: usize) -> Result<OwnedSemaphorePermit> {
-        let wanted = u32::try_from(items.clamp(1, self.limit)).unwrap_or(u32::MAX);
-        self.room
-            .clone()
-            .try_acquire_many_owned(wanted)
-            .map_err(|_| StoreError::QueueFull {
-                shard,
-                limit: self.limit,
-            })
+    /// Queues one shard's part, in the room reserved for it, and waits for
+    /// its writer's reply.
+    async fn send_part(
+        &self,
+        shard: u16,
+        items: Vec<NewItem>,
+        deadline: Option<Deadline>,
+        room: OwnedSemaphorePermit,
+    ) -> Result<ShardReply> {
+        let (job, done) = AddJob::new(shard, items, deadline, room);
+        self.queues[usize::from(shard)].send(job)?;
+        done.await.map_err(|_| writer_gone())?
     }
 }
 
-/// One request's part for one shard, waiting for its shard's writer.
-pub(super) struct AddJob {
-    items: Vec<NewItem>,
-    deadline: Option<Deadline>,
-    reply: oneshot::Sender<Result<ShardReply>>,
-    /// The part's room in the queue, given back when the job is dropped.
-    _room: OwnedSemaphorePermit,
-}
-
-impl AddJob {
-    /// Whether the job's deadline has passed; if so, answers it so.
-    fn expired(self, now: Instant) -> Option<AddJob> {
-        match self.deadline {
-            Some(deadline) if deadline.at <= now => {
-                let _ = self.reply.send(Err(deadline.expired()));
-                None
-            }
-            _ => Some(self),
-        }
-    }
-}
-
-fn writer_gone() -> StoreError {
-    StoreError::Redis(RedisError::from((
-        ErrorKind::Client,
-        "shard writer stopped",
-    )))
-}
-
-/// Runs the add function for one shard, one call at a time. While a call is in
-/// flight, new jobs queue up; the next call takes all of them (up to
-/// `MERGE_LIMIT` items), so the batching costs no latency when idle and
-/// grows with load. Each job's items stay contiguous and in order, so a
-/// request's part is still applied atomically.
-///
-/// A job whose deadline passed while it queued is dropped, not sent: its
-/// caller was already told it failed. One already sent may still land after
-/// its deadline; that is safe, because adds are idempotent by item id: the
-/// caller's retry is answered DUPLICATE, and the item is in one batch.
-pub(super) struct AddWriter {
-    pub conn: Conn,
-    pub wait: Option<WaitReplicas>,
-    pub keys: Keyspace,
-    pub dedup: Duration,
-    pub shard: u16,
-    /// `[limits] max_open_groups` over all shards (0: none).
-    pub open_limit: Arc<AtomicU32>,
-}
-
-impl AddWriter {
-    pub(super) async fn run(self, mut jobs: mpsc::UnboundedReceiver<AddJob>) {
-        while let Some(first) = jobs.recv().await {
-            let now = Instant::now();
-            let Some(first) = first.expired(now) else {
-                continue;
-            };
-            let mut total = first.items.len();
-            let mut batch = vec![first];
-            while total < MERGE_LIMIT {
-                match jobs.try_recv() {
-                    Ok(job) => {
-                        if let Some(job) = job.expired(now) {
-                            total += job.items.len();
-                            batch.push(job);
-                        }
-                    }
-                    Err(_) => break,
-                }
-            }
-            let items: Vec<&NewItem> = batch.iter().flat_map(|job| job.items.iter()).collect();
-            match self.call(&items).await {
-                Ok((earliest, results)) => {
-                    let mut results = results.into_iter();
-                    for job in batch {
-                        let mine = results.by_ref().take(job.items.len()).collect();
-                        // A caller that went away no longer needs its reply.
-                        let _ = job.reply.send(Ok((earliest, mine)));
-                    }
-                }
-                Err(err) => {
-                    for job in batch {
-                        let _ = job.reply.send(Err(err.clone()));
-                    }
-                }
-            }
-        }
-    }
-
-    /// One add function call for `items`, all of this shard, in order. The
-    /// batches it flushed are recorded in the metrics, and traced.
-    async fn call(&self, items: &[&NewItem]) -> Result<ShardReply> {
-        let open_limit = self.open_limit.load(Ordering::Relaxed);
-        let mut args = AddArgs::new(&self.keys, self.shard, self.dedup).with_open_limit(open_limit);
-        for new in items {
-            args.item_with(
-                &new.key,
-                &new.policy,
-                &new.item,
-                new.close,
-                new.requeue_of.as_deref(),
-            );
-        }
-        let (keys, args) = args.into_parts();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let reply: AddReply = invoke(
-            &self.conn,
-            self.wait,
-            Code::Function(Function::Add),
-            &keys,
-            args,
-        )
-        .await?;
-        let earliest = reply.earliest;
-        let (replies, rooms) = reply
-            .split(items.len())
-            .map_err(|e| DecodeError(e.to_string()))?;
-        let results = replies
-            .into_iter()
-            .zip(items)
-            .map(|((outcome, group_size, batch), new)| {
-                let flushed: Vec<Batch> = batch
-                    .into_iter()
-                    .flatten()
-                    .map(|batch| batch.into_batch(self.shard, &new.key))
-                    .collect();
-                for batch in &flushed {
-                    crate::metrics::flushed(batch, None);
-                    crate::telemetry::flushed(batch);
-                }
-                let limit = |by_policy: bool| match (&new.policy.scope, by_policy) {
-                    (Some(scope), true) => OpenLimit::Policy(scope.clone()),
-                    _ => OpenLimit::Service,
-                };
-                let outcome = match outcome {
-                    ItemReply::Added => AddOutcome::Added,
-                    ItemReply::Duplicate => AddOutcome::Duplicate,
-                    ItemReply::Refused { by_policy } => AddOutcome::Refused(limit(by_policy)),
-                    ItemReply::Waiting { by_policy, room } => {
-                        return Slot::Waiting(Box::new(Waiting {
-                            item: (*new).clone(),
-                            room: room.checked_sub(1).and_then(|at| rooms.get(at)).cloned(),
-                            limit: limit(by_policy),
-                            flushed,
-                        }));
-                    }
-                };
-                Slot::Done(AddResult {
-                    outcome,
-                    group_size,
-                    flushed,
-                })
-            })
-            .collect();
-        Ok((earliest, results))
-    }
+fn too_few_results() -> StoreError {
+    DecodeError("the add function returned too few results".into()).into()
 }

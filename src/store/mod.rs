@@ -35,6 +35,7 @@ mod policies;
 mod room;
 mod stats;
 mod streams;
+mod writer;
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -57,8 +58,8 @@ pub use groups::GroupPos;
 pub use policies::{BULK_CHANGE, PolicyChange, PolicyWrite, Revision, StoredPolicy, Written};
 pub use stats::{ConsumerGroupStats, OpenLimitStats, OpenLimits};
 
-use add::{AddWriter, ShardQueue};
 use conn::{Code, Connector, invoke};
+use writer::{AddWriter, ShardQueue};
 
 /// Errors of the store layer.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -174,21 +175,45 @@ impl Store {
         let connector = Connector::new(target)?;
         let conn = connector.shared(target.timeouts)?;
         let open_limit = Arc::new(AtomicU32::new(0));
-        let queues = (0..keys.shards())
-            .map(|shard| {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let writer = AddWriter {
-                    conn: conn.clone(),
-                    wait: target.wait,
-                    keys: keys.clone(),
-                    dedup: dedup_window,
-                    shard,
-                    open_limit: open_limit.clone(),
-                };
-                tokio::spawn(writer.run(rx));
-                ShardQueue::new(tx, crate::config::DEFAULT_MAX_QUEUED_ADDS)
+        let writers: Vec<AddWriter> = (0..keys.shards())
+            .map(|shard| AddWriter {
+                conn: conn.clone(),
+                wait: target.wait,
+                keys: keys.clone(),
+                dedup: dedup_window,
+                shard,
+                open_limit: open_limit.clone(),
             })
             .collect();
+        let limit = crate::config::DEFAULT_MAX_QUEUED_ADDS;
+        // On one Redis, writers in rounds, one per lane of shards; on a
+        // cluster, one writer per shard (see `writer.rs`).
+        let queues = if matches!(conn, Conn::Cluster(_)) {
+            (writers.into_iter())
+                .map(|writer| {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    tokio::spawn(writer.run(rx));
+                    ShardQueue::new(tx, limit)
+                })
+                .collect()
+        } else {
+            let lanes: Vec<_> = (0..writer::LANES)
+                .map(|_| mpsc::unbounded_channel())
+                .collect();
+            let queues = (0..keys.shards())
+                .map(|shard| {
+                    ShardQueue::new(lanes[usize::from(shard % writer::LANES)].0.clone(), limit)
+                })
+                .collect();
+            let mut lane_writers: Vec<Vec<AddWriter>> = lanes.iter().map(|_| Vec::new()).collect();
+            for one in writers {
+                lane_writers[usize::from(one.shard % writer::LANES)].push(one);
+            }
+            for ((_, rx), writers) in lanes.into_iter().zip(lane_writers) {
+                tokio::spawn(writer::run_rounds(writers, rx));
+            }
+            queues
+        };
         Ok(Store {
             conn,
             connector,
