@@ -11,30 +11,13 @@
 //! it failed.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use futures::future::try_join_all;
 use tokio::sync::OwnedSemaphorePermit;
-use tokio::time::Instant;
 
-use super::decode::Room;
-use super::writer::{AddJob, writer_gone};
+use super::job::{AddJob, Deadline, NewItem, ShardReply, Slot, writer_gone};
 use super::{Result, Store, StoreError};
-use crate::batch::{AddResult, Batch, DecodeError, Item, OpenLimit};
-use crate::policy::Policy;
-
-/// One item to add, with the policy of its key resolved.
-#[derive(Clone, Debug)]
-pub struct NewItem {
-    pub key: String,
-    pub item: Item,
-    pub policy: Policy,
-    /// Flush the group right after adding the item (`close_group`).
-    pub close: bool,
-    /// For a requeued item: the id of the batch it is requeued from. The
-    /// item then bypasses the dedup window, once per (batch, item).
-    pub requeue_of: Option<String>,
-}
+use crate::batch::{AddResult, DecodeError};
 
 /// The results of a set of adds, and the deadlines the adds opened.
 #[derive(Debug, Default)]
@@ -43,52 +26,6 @@ pub struct AddReport {
     pub results: Vec<AddResult>,
     /// Per shard that had a group opened: the earliest due time opened (ms).
     pub opened: Vec<(u16, u64)>,
-}
-
-/// What a shard writer answers for one job: the earliest due time the call
-/// opened, and one result per item of the job.
-pub(super) type ShardReply = (Option<u64>, Vec<Slot>);
-
-/// One item's result from a round of add calls: done, or waiting for room
-/// under a limit on open groups.
-#[derive(Debug)]
-pub(super) enum Slot {
-    Done(AddResult),
-    Waiting(Box<Waiting>),
-}
-
-/// An item whose group could not open under a limit on open groups whose
-/// overflow flushes the oldest: the group to flush first, if the call named
-/// one, and what the item wrote before it waited.
-#[derive(Debug)]
-pub(super) struct Waiting {
-    pub item: NewItem,
-    pub room: Option<Room>,
-    pub limit: OpenLimit,
-    pub flushed: Vec<Batch>,
-}
-
-/// When a call must be answered by: the instant, and the whole budget it was
-/// given (for the message that says how long Redis had).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Deadline {
-    pub at: Instant,
-    pub budget: Duration,
-}
-
-impl Deadline {
-    /// A deadline `budget` from now.
-    pub fn after(budget: Duration) -> Deadline {
-        Deadline {
-            at: Instant::now() + budget,
-            budget,
-        }
-    }
-
-    /// The error of a call that ran out of time.
-    pub fn expired(&self) -> StoreError {
-        StoreError::Timeout(self.budget)
-    }
 }
 
 impl Store {

@@ -14,9 +14,12 @@
 //! commands, and `FromRedisValue` impls in `decode` for our own shapes.
 //!
 //! - `conn`: connections to one Redis or a cluster, and `invoke` (with `WAIT`).
-//! - `add`: the add path and the per-shard writers, with their bounded
-//!   queues and the call deadline they honour; `add_args` builds the add
-//!   function's arguments.
+//! - `add`: the add path, which splits a request per shard; `job`: what a
+//!   shard's part asks of the writers and what they answer, with the call
+//!   deadline they honour; `writer`: the add writers (in rounds on one
+//!   Redis, one per shard on a cluster) and their bounded queues;
+//!   `add_args` builds the add function's arguments; `room` settles adds
+//!   that wait for room under a limit on open groups.
 //! - `groups`: remove, flush, the due scan, and reading open groups.
 //! - `streams`: stream heads, reads (including blocking tails) and trimming.
 //! - `consumer_groups`: durable subscriptions' reads, claims, acks and dead letters.
@@ -31,6 +34,7 @@ mod consumer_groups;
 mod decode;
 mod ext;
 mod groups;
+mod job;
 mod policies;
 mod room;
 mod stats;
@@ -49,12 +53,13 @@ use crate::batch::DecodeError;
 use crate::keys::Keyspace;
 use crate::policy::PolicyHandle;
 
-pub use add::{AddReport, Deadline, NewItem};
+pub use add::AddReport;
 pub use add_args::AddArgs;
 pub use conn::{Conn, Endpoint, Password, RedisTarget, Timeouts, WaitReplicas};
 pub use consumer_groups::DeadLetterPosition;
 pub use decode::DueScan;
 pub use groups::GroupPos;
+pub use job::{Deadline, NewItem};
 pub use policies::{BULK_CHANGE, PolicyChange, PolicyWrite, Revision, StoredPolicy, Written};
 pub use stats::{ConsumerGroupStats, OpenLimitStats, OpenLimits};
 

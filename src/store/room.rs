@@ -12,7 +12,8 @@ use std::collections::HashSet;
 
 use futures::future::try_join_all;
 
-use super::add::{AddReport, Deadline, Slot, Waiting};
+use super::add::AddReport;
+use super::job::{Deadline, Slot, Waiting};
 use super::{Result, Store};
 use crate::batch::{AddOutcome, AddResult, Batch};
 

@@ -18,13 +18,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures::future::join_all;
-use redis::{ErrorKind, RedisError};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
-use super::add::{Deadline, NewItem, ShardReply, Slot, Waiting};
 use super::conn::{Code, Conn, WaitReplicas, invoke};
 use super::decode::{AddReply, ItemReply};
+use super::job::{AddJob, NewItem, ShardReply, Slot, Waiting, writer_gone};
 use super::{AddArgs, Result, StoreError};
 use crate::batch::{AddOutcome, AddResult, Batch, DecodeError, OpenLimit};
 use crate::keys::Keyspace;
@@ -78,55 +77,6 @@ impl ShardQueue {
                 limit: self.limit,
             })
     }
-}
-
-/// One request's part for one shard, waiting for its shard's writer.
-pub(super) struct AddJob {
-    shard: u16,
-    items: Vec<NewItem>,
-    deadline: Option<Deadline>,
-    reply: oneshot::Sender<Result<ShardReply>>,
-    /// The part's room in the queue, given back when the job is dropped.
-    _room: OwnedSemaphorePermit,
-}
-
-impl AddJob {
-    /// A job of `items` for `shard`, in the room reserved for it, and where
-    /// its reply will come.
-    pub(super) fn new(
-        shard: u16,
-        items: Vec<NewItem>,
-        deadline: Option<Deadline>,
-        room: OwnedSemaphorePermit,
-    ) -> (AddJob, oneshot::Receiver<Result<ShardReply>>) {
-        let (reply, done) = oneshot::channel();
-        let job = AddJob {
-            shard,
-            items,
-            deadline,
-            reply,
-            _room: room,
-        };
-        (job, done)
-    }
-
-    /// Whether the job's deadline has passed; if so, answers it so.
-    fn expired(self, now: Instant) -> Option<AddJob> {
-        match self.deadline {
-            Some(deadline) if deadline.at <= now => {
-                let _ = self.reply.send(Err(deadline.expired()));
-                None
-            }
-            _ => Some(self),
-        }
-    }
-}
-
-pub(super) fn writer_gone() -> StoreError {
-    StoreError::Redis(RedisError::from((
-        ErrorKind::Client,
-        "shard writer stopped",
-    )))
 }
 
 /// Runs the add function for one shard, one call at a time. While a call is in

@@ -2,14 +2,16 @@
 //! (SIGSTOP), callers under load get UNAVAILABLE within the deadline plus a
 //! margin, health shows NOT_SERVING and then SERVING, and nothing accepted is
 //! lost; a client's shorter `grpc-timeout` is honoured; an add whose
-//! deadline passed while it queued behind a call in flight is never written.
+//! deadline passed while it queued behind a call in flight is never written;
+//! adds that queued behind a call in flight go out in the next rounds, at
+//! most 1000 items a call and each part whole.
 
 use std::time::{Duration, Instant};
 
 use crate::support::load::{Load, placement};
 use crate::support::{
-    Paused, RedisServer, Service, add, all_batches, assert_error_info, config, eventually, store,
-    wait_health,
+    Paused, RedisServer, Service, add, all_batches, assert_error_info, command_calls, config,
+    eventually, store, wait_health,
 };
 use batcher::batch::Item;
 use batcher::config::Config;
@@ -231,6 +233,67 @@ async fn expired_queued_add_is_never_written() {
     let group = store.group("k").await.unwrap().expect("an open group");
     let ids: Vec<&[u8]> = group.items.iter().map(|i| i.id.as_slice()).collect();
     assert_eq!(ids, [b"warm".as_slice(), b"first"]);
+}
+
+/// Parts that queue behind a call in flight go out in the next rounds, each
+/// part whole, in order, and at most 1000 items a call: three parts of 600
+/// items of one key, queued behind a hung Redis, take two more add calls
+/// (two parts, then the third), and the group holds every item in order.
+#[tokio::test]
+async fn queued_parts_go_out_in_rounds_of_at_most_1000_items() {
+    let redis = RedisServer::start();
+    let mut config = config(&redis.url(), "");
+    config.redis.response_timeout = Duration::from_secs(30);
+    let room = std::num::NonZeroUsize::new(5000).unwrap();
+    let store = std::sync::Arc::new(store(&config).with_max_queued_adds(room));
+    let part = |ids: Vec<String>| -> Vec<NewItem> {
+        let item = |id: &String| NewItem {
+            key: "k".into(),
+            item: Item::new(id.as_str(), ""),
+            policy: Policy::basic(5000, Duration::from_secs(3600), None),
+            close: false,
+            requeue_of: None,
+        };
+        ids.iter().map(item).collect()
+    };
+    store.add(part(vec!["warm".into()])).await.unwrap();
+    // The store alone runs no sweeper: every FCALL from now on is an add.
+    let calls = command_calls(&redis, &["fcall"]);
+
+    let paused = Paused::new(&redis);
+    let ahead = tokio::spawn({
+        let (store, first) = (store.clone(), part(vec!["first".into()]));
+        async move { store.add(first).await }
+    });
+    eventually("the call ahead to reach the stopped Redis", || async {
+        unread_by_redis(redis.port()).then_some(())
+    })
+    .await;
+    let ids = |p: usize| (0..600).map(|i| format!("p{p}-{i:03}")).collect::<Vec<_>>();
+    let parts: Vec<_> = (0..3)
+        .map(|p| {
+            let (store, items) = (store.clone(), part(ids(p)));
+            tokio::spawn(async move { store.add(items).await })
+        })
+        .collect();
+    // This test's runtime has one thread: a yield runs the three tasks up
+    // to their wait for the writer, so all three parts are queued.
+    tokio::task::yield_now().await;
+    drop(paused);
+
+    ahead.await.unwrap().expect("the call ahead lands");
+    for part in parts {
+        let report = part.await.unwrap().expect("a queued part lands");
+        assert_eq!(report.results.len(), 600);
+    }
+    assert_eq!(command_calls(&redis, &["fcall"]) - calls, 3);
+    let group = store.group("k").await.unwrap().expect("an open group");
+    let held: Vec<String> = (group.items.iter())
+        .map(|i| String::from_utf8_lossy(&i.id).into_owned())
+        .collect();
+    let mut expected = vec!["warm".to_string(), "first".to_string()];
+    expected.extend((0..3).flat_map(ids));
+    assert_eq!(held, expected);
 }
 
 /// Whether a connection to the Redis on `port` holds bytes Redis has not
