@@ -91,7 +91,7 @@ impl Sizes {
             fanout_window: Duration::from_secs(if quick { 2 } else { 10 }),
             scale_small: 1_000,
             scale_large: if quick { 20_000 } else { 1_000_000 },
-            probes: if quick { 4_000 } else { 20_000 },
+            probes: if quick { 1_000 } else { 20_000 },
             remembered: if quick { 20_000 } else { 200_000 },
         }
     }
