@@ -58,7 +58,13 @@ local due_set, due_gone, due_set_n, due_gone_n = {}, {}, 0, 0
 
 local function start_group(g, h, k, p)
   key[g], hash[g], policy[g], prefix[g] = k, h, p, flushed_prefix(k)
-  first_arrival[g], last_arrival[g], first_pending[g], last_pending[g] = false, false, false, false
+  first_arrival[g], last_arrival[g] = false, false
+end
+
+-- Readies group g's state for the general path (read_group, take,
+-- write_group).
+local function reset_group(g)
+  first_pending[g], last_pending[g] = false, false
   seq[g], size[g], bytes[g], last[g], due[g] = 0, 0, 0, 0, 0
   rules[g], rules_read[g], exists[g], stored[g], opened[g] = false, false, false, 0, false
   added[g], due_dirty[g], rules_dirty[g], sums_valid[g] = false, false, false, false
@@ -496,6 +502,60 @@ local function write_group(g)
   chunked('HSET', hash[g], writes)
 end
 
+-- Whether group g is usual: its policy is (see policy_of), and the call
+-- brings it one item, with no flag and no deadline.
+local function usual(g)
+  local i = first_arrival[g]
+  if next_arrival[i] or close[i] or requeue_of[i] or not policy[g].usual then return false end
+  local ext = A[FIRST + 4 * i - 1]
+  return ext == '' or unpack_struct('<d', ext, 3) == 0
+end
+
+-- Takes the one item of a usual group g: what read_group, take and
+-- write_group do for it, reading and writing only its counters, its
+-- opening time and the item. Returns the due time it set (0: none), or
+-- false, having changed nothing, when the group needs the general path (a
+-- reload lowered max_items below what it holds).
+local function add_usual(ctx, g)
+  local i, p, h = first_arrival[g], policy[g], hash[g]
+  local a = FIRST + 4 * i
+  local field = ITEM .. A[a - 3]
+  local got = call('HMGET', h, FIELD.state, field)
+  local s, seq_n, size_n, bytes_n = got[1], 0, 0, 0
+  if s then seq_n, size_n, bytes_n = unpack_struct('<ddd', s) end
+  local until_ms = flushed_until[i]
+  if got[2] or until_ms and tonumber(until_ms) > ctx.now then
+    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, size_n, false
+    return 0
+  end
+  if size_n >= p.max_items then return false end
+  local payload = A[a - 2]
+  local n, b = size_n + 1, bytes_n + #payload
+  seq_n = seq_n + 1
+  if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then
+    first_pending[g], last_pending[g], next_pending[i], item_seq[i] = i, i, false, seq_n
+    stored[g], rules_read[g], opened[g] = size_n, false, not s and now_text(ctx)
+    local batches = flush_open(ctx, g, n >= p.max_items and REASON.SIZE or REASON.BYTES, false)
+    if s then
+      due_gone[due_gone_n + 1] = key[g]
+      due_gone_n = due_gone_n + 1
+    end
+    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 0, batches
+    return 0
+  end
+  local state_s, item = pack('<dddd', seq_n, n, b, ctx.now), item_value(A[a - 1], seq_n, payload)
+  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
+  if s then
+    call('HSET', h, FIELD.state, state_s, field, item)
+    return 0
+  end
+  call('HSET', h, FIELD.state, state_s, FIELD.opened, now_text(ctx), field, item)
+  local due_at = ctx.now + p.max_wait
+  due_set[due_set_n + 1], due_set[due_set_n + 2] = due_at, key[g]
+  due_set_n = due_set_n + 2
+  return due_at
+end
+
 local function add(keys, args)
   local now = now_ms()
   local ctx = context(keys[1], keys[2], keys[3], num(args[1]), now)
@@ -513,15 +573,21 @@ local function add(keys, args)
   local earliest = 0
   due_set_n, due_gone_n = 0, 0
   for g = 1, ng do
-    read_group(g)
-    local i = first_arrival[g]
-    local seen = next_arrival[i] and {} or nil
-    while i do
-      take(ctx, g, i, seen, keys[4])
-      i = next_arrival[i]
+    local due_at = usual(g) and add_usual(ctx, g)
+    if due_at then
+      if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
+    else
+      reset_group(g)
+      read_group(g)
+      local i = first_arrival[g]
+      local seen = next_arrival[i] and {} or nil
+      while i do
+        take(ctx, g, i, seen, keys[4])
+        i = next_arrival[i]
+      end
+      write_group(g)
+      if due_dirty[g] and size[g] > 0 and (earliest == 0 or due[g] < earliest) then earliest = due[g] end
     end
-    write_group(g)
-    if due_dirty[g] and size[g] > 0 and (earliest == 0 or due[g] < earliest) then earliest = due[g] end
   end
   if due_set_n > 0 then chunked('ZADD', ctx.due, due_set, due_set_n) end
   if due_gone_n > 0 then chunked('ZREM', ctx.due, due_gone, due_gone_n) end

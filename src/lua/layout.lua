@@ -198,5 +198,9 @@ local policy_of = memo(function(blob)
     max_age = age, k = k, limits = limits, dictionary = dictionary, names = names_of(dictionary),
     plain = idle == 0 and c1 == 0 and lead == 0 and age == 0,
     groups = groups, global = global, flush_oldest = overflow == 1, scope = scope,
-    tracked = groups > 0 or global > 0 }
+    tracked = groups > 0 or global > 0,
+    -- No rules, no capacity, no limit on open groups and no min_items: the
+    -- policy whose one-item groups add.lua's usual path takes.
+    usual = idle == 0 and c1 == 0 and lead == 0 and age == 0 and k == 0 and groups == 0
+      and global == 0 and min_items == 0 }
 end, 256)
