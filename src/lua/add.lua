@@ -10,16 +10,19 @@
 -- to add them again.
 --
 -- KEYS[1]: the shard's due set   KEYS[2]: its batch stream
--- KEYS[3]: its recently-flushed set   KEYS[4]: its requeued set
---   (batch_id ':' item_id, scored by the batch's stream time)
--- KEYS[5]: its open-group index (limits.lua)
--- KEYS[5 + g]: the hash of group g, g = 1..G
--- ARGV[1]: the dedup window (ms)
--- ARGV[2]: P, then P policies, packed (see policy_of)
--- then G, then per group: its key and its policy's number (1..P)
--- then per item 4: its group's number, followed by 'c' to close the group
---   after it and 'q' batch_id for an item requeued from that batch; its
---   id; its payload; '' or its ext, packed for its policy's capacity
+-- KEYS[3]: its recently-flushed set   KEYS[4]: its open-group index
+--   (limits.lua)   KEYS[4 + g]: the hash of group g, g = 1..G
+-- KEYS[5 + G]: its requeued set (batch_id ':' item_id, scored by the
+--   batch's stream time), given when an item is requeued
+-- ARGV[1]: the call's header, struct '<dddd': the dedup window (ms), P (the
+--   count of policies), G (of groups) and S, how many arguments an item
+--   has (see below)
+-- ARGV[2..P+1]: the P policies, packed (see policy_of)
+-- then per group: its key, and when P > 1 its policy's number (1..P)
+-- then per item, S of: its group's number, followed by 'c' to close the
+--   group after it and 'q' batch_id for an item requeued from that batch
+--   (S = 2: none, the group is 1 and the item has no flags); its id; its
+--   payload; '' or its ext, packed for its policy's capacity (S < 4: '')
 -- Returns: {earliest due time this call set (ms) or 0, then per item:
 --   outcome (1 added, 2 duplicate, 3 refused, 4 waiting for room under the
 --   shard's limit, 5 under its policy's), its group's size after (refused:
@@ -27,7 +30,11 @@
 --   to flush, from 1, or 0 for none yet), the batches it wrote or false;
 --   then the keys of the groups to flush to make room}, a batch being {stream_id,
 --   reason, opened, flushed, n, items, x, names}. (Flat: a nested table
---   costs a reply more than the rest of a one-item call's reply.)
+--   costs a reply more than the rest of a one-item call's reply.) A call
+--   that wrote no batch and names no group to flush returns the same
+--   numbers packed instead, struct '<d' .. 'dd' * items: the earliest due
+--   time, then per item its outcome and size (a string costs Redis less to
+--   reply than a table).
 --
 -- The work is per group: one ZMSCORE checks every id of the call against
 -- the flushed set, one HMGET per group reads its counters and which of the
@@ -37,7 +44,26 @@
 -- The state of the call in progress, per group g and per item i: arrays
 -- that stay loaded with the library, each entry written before it is read
 -- in a call, so that a call allocates no table per group or item.
-local A, FIRST -- the call's ARGV, and where its items start in it
+-- The call's ARGV, and where item i's arguments are: its group's number
+-- at A[B + S * i] (or none: G_AT false), its id at that + ID_AT, its
+-- payload + PAYLOAD_AT, its ext + EXT_AT (or none: false).
+local A, B, S, G_AT, ID_AT, PAYLOAD_AT, EXT_AT
+-- The offsets of S arguments an item has (see the header).
+local OFFSETS = { [2] = { false, 0, 1, false }, [3] = { 0, 1, 2, false }, [4] = { 0, 1, 2, 3 } }
+
+local function id_of(i) return A[B + S * i + ID_AT] end
+
+-- Item i's id, payload and ext.
+local function item_args(i)
+  local a = B + S * i
+  return A[a + ID_AT], A[a + PAYLOAD_AT], EXT_AT and A[a + EXT_AT] or ''
+end
+
+-- A call's header (see above), parsed once per distinct header.
+local header_of = memo(function(h)
+  local dedup, np, ng, per_item = unpack_struct('<dddd', h)
+  return { dedup = dedup, np = np, ng = ng, s = per_item }
+end, 1024)
 local key, hash, policy, prefix, opened = {}, {}, {}, {}, {}
 local seq, size, bytes, last, due = {}, {}, {}, {}, {}
 local sums, sums_valid, rules, rules_read, exists, stored = {}, {}, {}, {}, {}, {}
@@ -75,8 +101,8 @@ end
 -- group's arrivals in order.
 local function arrivals(n, flushed)
   for i = 1, n do
-    local garg = A[FIRST + 4 * i - 4]
-    local g = num(garg)
+    local garg, g = G_AT and A[B + S * i], 1
+    if garg then g = num(garg) end
     close[i], requeue_of[i] = false, false
     if not g then
       local digits, flags = string.match(garg, '^(%d+)(.*)$')
@@ -84,7 +110,7 @@ local function arrivals(n, flushed)
       if byte(flags, 1) == 99 then close[i], flags = true, sub(flags, 2) end -- 'c'
       if byte(flags, 1) == 113 then requeue_of[i] = sub(flags, 2) end -- 'q'
     end
-    next_arrival[i], member[i] = false, prefix[g] .. A[FIRST + 4 * i - 3]
+    next_arrival[i], member[i] = false, prefix[g] .. A[B + S * i + ID_AT]
     if last_arrival[g] then next_arrival[last_arrival[g]] = i else first_arrival[g] = i end
     last_arrival[g] = i
   end
@@ -139,7 +165,7 @@ end
 local function hmget_group(g, base, limited)
   local i = first_arrival[g]
   if not next_arrival[i] and not limited then
-    local field, got = ITEM .. A[FIRST + 4 * i - 3], false
+    local field, got = ITEM .. id_of(i), false
     field_of[i] = field
     if base == 1 then
       got = call('HMGET', hash[g], FIELD.state, field)
@@ -156,7 +182,7 @@ local function hmget_group(g, base, limited)
   local count = base
   while i do
     count = count + 1
-    local field = ITEM .. A[FIRST + 4 * i - 3]
+    local field = ITEM .. id_of(i)
     fields[count], field_of[i] = field, field
     i = next_arrival[i]
   end
@@ -332,8 +358,8 @@ local function flush_open(ctx, g, reason, batches)
   end
   local i = first_pending[g]
   while i do
-    local a = FIRST + 4 * i
-    push_item(list, A[a - 3], A[a - 2], A[a - 1], item_seq[i])
+    local id, payload, ext = item_args(i)
+    push_item(list, id, payload, ext, item_seq[i])
     i = next_pending[i]
   end
   local p, size_cut = policy[g], reason == REASON.SIZE
@@ -348,7 +374,7 @@ end
 -- earlier in the call (`seen`), or it is in its dedup window; a requeued
 -- id skips the window once per (batch, item).
 local function duplicate(ctx, i, seen, requeued)
-  local id, requeue = A[FIRST + 4 * i - 3], requeue_of[i]
+  local id, requeue = id_of(i), requeue_of[i]
   if held[i] or (seen and seen[id]) then return true end
   if requeue then
     if call('ZSCORE', requeued, requeue .. ':' .. id) then return true end
@@ -418,14 +444,15 @@ local function take(ctx, g, i, seen, requeued)
     out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, size[g], false
     return
   end
-  local a, p = FIRST + 4 * i, policy[g]
-  local deadline, v = item_values(A[a - 1], p.k)
+  local p = policy[g]
+  local id, payload, ext = item_args(i)
+  local deadline, v = item_values(ext, p.k)
   local batches, full, limit, oldest = false, false, false, false
   if size[g] == 0 or p.k > 0 or due[g] <= ctx.now then batches, full, limit, oldest = make_room(ctx, g, v) end
   if limit then return turn_away(i, p, limit, oldest, batches) end
-  if seen then seen[A[a - 3]] = true end
+  if seen then seen[id] = true end
   local n = size[g] + 1
-  seq[g], last[g], added[g], size[g], bytes[g] = seq[g] + 1, ctx.now, true, n, bytes[g] + #A[a - 2]
+  seq[g], last[g], added[g], size[g], bytes[g] = seq[g] + 1, ctx.now, true, n, bytes[g] + #payload
   item_seq[i] = seq[g]
   if last_pending[g] then next_pending[last_pending[g]] = i else first_pending[g] = i end
   last_pending[g], next_pending[i] = i, false
@@ -476,8 +503,8 @@ local function write_group(g)
   if i and not next_pending[i] and not rules_dirty[g] and not scope
     and (stored[g] > 0 or p.plain and p.k == 0) then
     -- The usual write: the counters and one item, without a table for them.
-    local a = FIRST + 4 * i
-    local item = item_value(A[a - 1], item_seq[i], A[a - 2])
+    local _, payload, ext = item_args(i)
+    local item = item_value(ext, item_seq[i], payload)
     if stored[g] > 0 then
       call('HSET', hash[g], FIELD.state, s, field_of[i], item)
     else
@@ -495,19 +522,29 @@ local function write_group(g)
     writes[#writes + 1], writes[#writes + 2] = FIELD.rules, rules_field(rules[g])
   end
   while i do
-    local a = FIRST + 4 * i
-    writes[#writes + 1], writes[#writes + 2] = field_of[i], item_value(A[a - 1], item_seq[i], A[a - 2])
+    local _, payload, ext = item_args(i)
+    writes[#writes + 1], writes[#writes + 2] = field_of[i], item_value(ext, item_seq[i], payload)
     i = next_pending[i]
   end
   chunked('HSET', hash[g], writes)
 end
 
--- Whether group g is usual: its policy is (see policy_of), and the call
+-- The reply of a call of n items that wrote no batch and names no group
+-- to flush, packed (see the top).
+local numbers = {}
+local function packed_reply(earliest, n)
+  if n == 1 then return pack('<ddd', earliest, out[2], out[3]) end
+  numbers[1] = earliest
+  for i = 1, n do numbers[2 * i], numbers[2 * i + 1] = out[3 * i - 1], out[3 * i] end
+  return pack(doubles(2 * n + 1), unpack(numbers, 1, 2 * n + 1))
+end
+
+-- Whether group g, whose policy is usual (see policy_of), is: the call
 -- brings it one item, with no flag and no deadline.
 local function usual(g)
   local i = first_arrival[g]
-  if next_arrival[i] or close[i] or requeue_of[i] or not policy[g].usual then return false end
-  local ext = A[FIRST + 4 * i - 1]
+  if next_arrival[i] or close[i] or requeue_of[i] then return false end
+  local ext = EXT_AT and A[B + S * i + EXT_AT] or ''
   return ext == '' or unpack_struct('<d', ext, 3) == 0
 end
 
@@ -518,8 +555,8 @@ end
 -- reload lowered max_items below what it holds).
 local function add_usual(ctx, g)
   local i, p, h = first_arrival[g], policy[g], hash[g]
-  local a = FIRST + 4 * i
-  local field = ITEM .. A[a - 3]
+  local a = B + S * i
+  local field = ITEM .. A[a + ID_AT]
   local got = call('HMGET', h, FIELD.state, field)
   local s, seq_n, size_n, bytes_n = got[1], 0, 0, 0
   if s then seq_n, size_n, bytes_n = unpack_struct('<ddd', s) end
@@ -529,7 +566,7 @@ local function add_usual(ctx, g)
     return 0
   end
   if size_n >= p.max_items then return false end
-  local payload = A[a - 2]
+  local payload = A[a + PAYLOAD_AT]
   local n, b = size_n + 1, bytes_n + #payload
   seq_n = seq_n + 1
   if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then
@@ -543,7 +580,7 @@ local function add_usual(ctx, g)
     out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 0, batches
     return 0
   end
-  local state_s, item = pack('<dddd', seq_n, n, b, ctx.now), item_value(A[a - 1], seq_n, payload)
+  local state_s, item = pack('<dddd', seq_n, n, b, ctx.now), item_value(EXT_AT and A[a + EXT_AT] or '', seq_n, payload)
   out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
   if s then
     call('HSET', h, FIELD.state, state_s, field, item)
@@ -558,22 +595,27 @@ end
 
 local function add(keys, args)
   local now = now_ms()
-  local ctx = context(keys[1], keys[2], keys[3], num(args[1]), now)
-  local np = num(args[2])
-  local ng = num(args[3 + np])
-  A, FIRST = args, 4 + np + 2 * ng
-  local n = (#args - FIRST + 1) / 4
+  local h = header_of(args[1])
+  local np, ng = h.np, h.ng
+  local ctx = context(keys[1], keys[2], keys[3], h.dedup, now)
+  local at_group = 2 + np
+  local group_args = np > 1 and 2 or 1
+  local first = at_group + group_args * ng
+  local o = OFFSETS[h.s]
+  A, S, G_AT, ID_AT, PAYLOAD_AT, EXT_AT = args, h.s, o[1], o[2], o[3], o[4]
+  B = first - S
+  local n = (#args - first + 1) / S
   for g = 1, ng do
-    local at = 2 + np + 2 * g
-    start_group(g, keys[5 + g], args[at], policy_of(args[2 + num(args[at + 1])]))
+    local at = at_group + group_args * (g - 1)
+    start_group(g, keys[4 + g], args[at], policy_of(args[1 + (np > 1 and num(args[at + 1]) or 1)]))
   end
-  IX, room_n = keys[5], 0
+  IX, room_n = keys[4], 0
   if named_shard then named_in, named_shard = {}, false end
   arrivals(n, ctx.flushed)
   local earliest = 0
   due_set_n, due_gone_n = 0, 0
   for g = 1, ng do
-    local due_at = usual(g) and add_usual(ctx, g)
+    local due_at = policy[g].usual and usual(g) and add_usual(ctx, g)
     if due_at then
       if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
     else
@@ -582,7 +624,7 @@ local function add(keys, args)
       local i = first_arrival[g]
       local seen = next_arrival[i] and {} or nil
       while i do
-        take(ctx, g, i, seen, keys[4])
+        take(ctx, g, i, seen, keys[5 + ng])
         i = next_arrival[i]
       end
       write_group(g)
@@ -592,9 +634,10 @@ local function add(keys, args)
   if due_set_n > 0 then chunked('ZADD', ctx.due, due_set, due_set_n) end
   if due_gone_n > 0 then chunked('ZREM', ctx.due, due_gone, due_gone_n) end
   finish(ctx)
+  A = nil
+  if ctx.written == 0 and room_n == 0 then return packed_reply(earliest, n) end
   out[1] = earliest
   for j = 1, room_n do out[3 * n + 1 + j] = room[j] end
   out[3 * n + 2 + room_n] = nil
-  A = nil
   return out
 end

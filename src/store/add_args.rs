@@ -14,12 +14,17 @@ use crate::policy::{Overflow, Policy};
 /// The KEYS and ARGV of one call of the library's add function
 /// (`src/lua/add.lua` documents them) for one shard:
 ///
-/// - KEYS: the shard's due set, stream, flushed set and requeued set, its
-///   open-group index, then one hash per group;
-/// - ARGV: the dedup window (ms); the count of the call's distinct policies
-///   and each one packed ([`packed_policy`]); the group count, and per
-///   group its key and its policy's number (from 1); then per item its
-///   group's number (from 1) with its flags, its id, payload and packed ext.
+/// - KEYS: the shard's due set, stream, flushed set and open-group index,
+///   one hash per group, then the shard's requeued set when an item is
+///   requeued;
+/// - ARGV: a header (the dedup window in ms, the counts of the call's
+///   distinct policies and of its groups, and how many arguments each item
+///   has, as four little-endian doubles); each policy packed
+///   ([`packed_policy`]); per group its key, and its policy's number
+///   (from 1) when the call has more than one; then per item its group's
+///   number (from 1) with its flags, its id, payload and packed ext. An item has
+///   no ext argument when no item of the call has one, and no group number
+///   either when the call has one group and no flags.
 ///
 /// Items of one key share a group, whose policy is the one given with its
 /// first item. Keys are taken to be of `shard`: the store picks the shard
@@ -37,8 +42,15 @@ pub struct AddArgs<'a> {
     group_keys: Vec<String>,
     /// Each group's capacity, whose names order an item's values.
     group_caps: Vec<Arc<BTreeMap<String, u64>>>,
-    group_args: Vec<Vec<u8>>,
-    item_args: Vec<Vec<u8>>,
+    /// Each group's key and its policy's number (from 1).
+    group_args: Vec<(Vec<u8>, usize)>,
+    /// Each item's group number with its flags, id, payload and ext.
+    item_args: Vec<[Vec<u8>; 4]>,
+    /// Whether an item has flags, and whether one has an ext.
+    flags: bool,
+    exts: bool,
+    /// Whether an item is requeued (the call names the requeued set).
+    requeued: bool,
     /// The call's distinct policies, each packed once per call: the cutoffs
     /// take a time-zone lookup.
     policies: Vec<(Policy, Vec<u8>)>,
@@ -66,6 +78,9 @@ impl<'a> AddArgs<'a> {
             group_caps: Vec::new(),
             group_args: Vec::new(),
             item_args: Vec::new(),
+            flags: false,
+            exts: false,
+            requeued: false,
             policies: Vec::new(),
         }
     }
@@ -82,7 +97,7 @@ impl<'a> AddArgs<'a> {
     /// `policy`) if it is the key's first item.
     pub fn item(&mut self, key: &'a str, policy: &Policy, id: &[u8], payload: &[u8]) -> &mut Self {
         let group = self.group(key, policy);
-        self.item_args.extend([
+        self.item_args.push([
             group.to_string().into_bytes(),
             id.to_vec(),
             payload.to_vec(),
@@ -112,11 +127,15 @@ impl<'a> AddArgs<'a> {
             group.push_str(batch);
         }
         let capacity = &self.group_caps[number - 1];
-        self.item_args.extend([
+        let ext = ext::packed(item, capacity);
+        self.flags |= close || requeue_of.is_some();
+        self.requeued |= requeue_of.is_some();
+        self.exts |= !ext.is_empty();
+        self.item_args.push([
             group.into_bytes(),
             item.id.clone(),
             item.payload.clone(),
-            ext::packed(item, capacity),
+            ext,
         ]);
         self
     }
@@ -142,8 +161,7 @@ impl<'a> AddArgs<'a> {
                 self.policies.len() - 1
             }
         };
-        self.group_args.push(key.as_bytes().to_vec());
-        self.group_args.push((at + 1).to_string().into_bytes());
+        self.group_args.push((key.as_bytes().to_vec(), at + 1));
         number
     }
 
@@ -151,23 +169,47 @@ impl<'a> AddArgs<'a> {
     pub fn into_parts(self) -> (Vec<String>, Vec<Vec<u8>>) {
         let shard = self.keyspace.shard(self.shard);
         let mut keys = Vec::with_capacity(5 + self.group_keys.len());
-        keys.extend([
-            shard.due,
-            shard.stream,
-            shard.flushed,
-            shard.requeued,
-            shard.open_index,
-        ]);
+        keys.extend([shard.due, shard.stream, shard.flushed, shard.open_index]);
         keys.extend(self.group_keys);
+        if self.requeued {
+            keys.push(shard.requeued);
+        }
+        // Each item's arguments: all four, or without its ext, or (one
+        // group, no flags) its id and payload only.
+        let per_item = if self.exts {
+            4
+        } else if self.flags || self.group_args.len() > 1 {
+            3
+        } else {
+            2
+        };
+        let policies = self.policies.len();
+        let header = [
+            self.dedup.as_millis() as f64,
+            policies as f64,
+            self.group_args.len() as f64,
+            per_item as f64,
+        ];
         let mut args = Vec::with_capacity(
-            3 + self.policies.len() + self.group_args.len() + self.item_args.len(),
+            1 + policies + 2 * self.group_args.len() + per_item * self.item_args.len(),
         );
-        args.push(millis(self.dedup).into_bytes());
-        args.push(self.policies.len().to_string().into_bytes());
+        args.push(header.into_iter().flat_map(f64::to_le_bytes).collect());
         args.extend(self.policies.into_iter().map(|(_, packed)| packed));
-        args.push(self.group_of.len().to_string().into_bytes());
-        args.extend(self.group_args);
-        args.extend(self.item_args);
+        for (key, policy) in self.group_args {
+            args.push(key);
+            if policies > 1 {
+                args.push(policy.to_string().into_bytes());
+            }
+        }
+        for [group, id, payload, ext] in self.item_args {
+            if per_item > 2 {
+                args.push(group);
+            }
+            args.extend([id, payload]);
+            if per_item > 3 {
+                args.push(ext);
+            }
+        }
         (keys, args)
     }
 }
@@ -236,16 +278,13 @@ pub(crate) fn dictionary(capacity: &BTreeMap<String, u64>) -> String {
     names.join(";")
 }
 
-fn millis(duration: Duration) -> String {
-    duration.as_millis().to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Items of one key share a group; each distinct policy is packed once,
-    /// and each group and item lands where the add function reads it.
+    /// and each group and item lands where the add function reads it, with
+    /// no ext argument when no item has one.
     #[test]
     fn lays_out_policies_groups_then_items() {
         let keyspace = Keyspace::new("t", 4);
@@ -259,28 +298,70 @@ mod tests {
         let (keys, argv) = args.into_parts();
         assert_eq!(
             keys,
-            [
-                "due", "batches", "flushed", "requeued", "open", "g:a", "g:b", "g:c"
-            ]
-            .map(|k| format!("{}:{k}", keyspace.tag(2)))
+            ["due", "batches", "flushed", "open", "g:a", "g:b", "g:c"]
+                .map(|k| format!("{}:{k}", keyspace.tag(2)))
         );
-        assert_eq!(argv[0], b"60000");
-        assert_eq!(argv[1], b"2");
-        let first = argv[2].chunks_exact(8).next().unwrap();
+        assert_eq!(header(&argv[0]), [60000.0, 2.0, 3.0, 3.0]);
+        let first = argv[1].chunks_exact(8).next().unwrap();
         assert_eq!(f64::from_le_bytes(first.try_into().unwrap()), 10.0);
         // 14 doubles, no capacity, no scope, no measure names.
-        assert_eq!(argv[2].len(), 112);
-        let rest: Vec<&str> = argv[4..]
-            .iter()
-            .map(|a| std::str::from_utf8(a).unwrap())
-            .collect();
+        assert_eq!(argv[1].len(), 112);
         assert_eq!(
-            rest,
+            texts(&argv[3..]),
             [
-                "3", "a", "1", "b", "2", "c", "1", "1", "1", "x", "", "2", "2", "", "", "3", "3",
-                "y", "", "1", "4", "z", ""
+                "a", "1", "b", "2", "c", "1", "1", "1", "x", "2", "2", "", "3", "3", "y", "1", "4",
+                "z"
             ]
         );
+    }
+
+    /// A call of one group and no flags or exts sends each item as its id
+    /// and payload alone; a requeued item brings its group number with its
+    /// flags, its ext, and the requeued set as the last key.
+    #[test]
+    fn leaves_out_what_no_item_of_the_call_has() {
+        let keyspace = Keyspace::new("t", 4);
+        let policy = Policy::basic(10, Duration::from_secs(1), None);
+        let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
+        args.item("a", &policy, b"1", b"x")
+            .item("a", &policy, b"2", b"y");
+        let (keys, argv) = args.into_parts();
+        assert_eq!(keys.len(), 5);
+        assert_eq!(header(&argv[0]), [5000.0, 1.0, 1.0, 2.0]);
+        assert_eq!(texts(&argv[2..]), ["a", "1", "x", "2", "y"]);
+
+        let item = Item {
+            id: b"3".to_vec(),
+            payload: b"z".to_vec(),
+            requeue_count: 1,
+            ..Item::default()
+        };
+        let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
+        args.item_with("a", &policy, &item, true, Some("7-0-b"));
+        let (keys, argv) = args.into_parts();
+        assert_eq!(
+            keys.last().unwrap(),
+            &format!("{}:requeued", keyspace.tag(1))
+        );
+        assert_eq!(header(&argv[0]), [5000.0, 1.0, 1.0, 4.0]);
+        assert_eq!(&texts(&argv[2..5]), &["a", "1cq7-0-b", "3"]);
+        assert_eq!(argv[5], b"z");
+        assert!(
+            !argv[6].is_empty(),
+            "a requeued item's ext holds its requeue count"
+        );
+    }
+
+    fn header(arg: &[u8]) -> Vec<f64> {
+        arg.chunks_exact(8)
+            .map(|d| f64::from_le_bytes(d.try_into().unwrap()))
+            .collect()
+    }
+
+    fn texts(args: &[Vec<u8>]) -> Vec<&str> {
+        args.iter()
+            .map(|a| std::str::from_utf8(a).unwrap())
+            .collect()
     }
 
     /// A policy under limits on open groups packs each shard's part of
@@ -296,7 +377,7 @@ mod tests {
         let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60)).with_open_limit(9);
         args.item("scan-1", &policy, b"1", b"x");
         let (_, argv) = args.into_parts();
-        let packed = &argv[2];
+        let packed = &argv[1];
         let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
         assert_eq!(
             (double(10), double(11), double(12), double(13)),
@@ -308,7 +389,7 @@ mod tests {
         let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60));
         args.item("scan-1", &policy, b"1", b"x");
         let (_, argv) = args.into_parts();
-        let packed = &argv[2];
+        let packed = &argv[1];
         let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
         assert_eq!((double(10), double(11), double(13)), (0.0, 0.0, 0.0));
         assert_eq!(packed.len(), 112);

@@ -115,12 +115,22 @@ pub(super) struct Room {
 
 /// The add function's reply, flat: `{earliest due set or 0, then per
 /// item: outcome, size (or limit, or room number), batches or false; then
-/// the keys of the groups to flush to make room}`. Where the items end is
-/// the caller's to say ([`AddReply::split`]): the call knows how many it sent.
+/// the keys of the groups to flush to make room}`, or, from a call that
+/// wrote no batch and names no group, the same numbers packed: little-endian
+/// doubles, the earliest due time, then per item its outcome and size.
+/// Where the items end is the caller's to say ([`AddReply::split`]): the
+/// call knows how many it sent.
 pub(super) struct AddReply {
     /// The earliest due time among the groups whose due time the call set.
     pub earliest: Option<u64>,
-    rest: Vec<Value>,
+    rest: Rest,
+}
+
+/// The part of an add function's reply after the earliest due time.
+enum Rest {
+    Flat(Vec<Value>),
+    /// Outcome and size per item.
+    Packed(Vec<f64>),
 }
 
 /// One item's reply: what it did, the group's size after, and the batches
@@ -131,25 +141,26 @@ impl AddReply {
     /// The replies of the call's `count` items, and the groups to flush to
     /// make room.
     pub fn split(self, count: usize) -> Result<(Vec<ItemParts>, Vec<Room>), ParsingError> {
-        if self.rest.len() < 3 * count {
-            return Err("the add function's result count".into());
-        }
-        let mut parts = self.rest.into_iter();
         let mut items = Vec::with_capacity(count);
+        let parts = match self.rest {
+            Rest::Packed(numbers) => {
+                if numbers.len() != 2 * count {
+                    return Err("the add function's packed result count".into());
+                }
+                for pair in numbers.chunks_exact(2) {
+                    let (outcome, size) = item_reply(pair[0] as i64, pair[1] as u32)?;
+                    items.push((outcome, size, None));
+                }
+                return Ok((items, Vec::new()));
+            }
+            Rest::Flat(parts) if parts.len() >= 3 * count => parts,
+            Rest::Flat(_) => return Err("the add function's result count".into()),
+        };
+        let mut parts = parts.into_iter();
         for _ in 0..count {
             let code: i64 = next_part(&mut parts, "an outcome")?;
             let n: u32 = next_part(&mut parts, "a group size")?;
-            let outcome = match code {
-                1 => ItemReply::Added,
-                2 => ItemReply::Duplicate,
-                3 => ItemReply::Refused { by_policy: n == 2 },
-                4 | 5 => ItemReply::Waiting {
-                    by_policy: code == 5,
-                    room: n as usize,
-                },
-                other => return Err(format!("add outcome {other}").into()),
-            };
-            let size = if code <= 2 { n } else { 0 };
+            let (outcome, size) = item_reply(code, n)?;
             items.push((outcome, size, next_part(&mut parts, "its batches")?));
         }
         let rooms = parts
@@ -159,13 +170,44 @@ impl AddReply {
     }
 }
 
+/// An item's outcome and its group's size, from its code and number.
+fn item_reply(code: i64, n: u32) -> Result<(ItemReply, u32), ParsingError> {
+    let outcome = match code {
+        1 => ItemReply::Added,
+        2 => ItemReply::Duplicate,
+        3 => ItemReply::Refused { by_policy: n == 2 },
+        4 | 5 => ItemReply::Waiting {
+            by_policy: code == 5,
+            room: n as usize,
+        },
+        other => return Err(format!("add outcome {other}").into()),
+    };
+    Ok((outcome, if code <= 2 { n } else { 0 }))
+}
+
 impl FromRedisValue for AddReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        if let Value::BulkString(bytes) = v {
+            if bytes.len() % 8 != 0 {
+                return Err("a packed add reply of a partial number".into());
+            }
+            let numbers: Vec<f64> = bytes
+                .chunks_exact(8)
+                .map(|d| f64::from_le_bytes(d.try_into().expect("8 bytes")))
+                .collect();
+            let Some((&earliest, rest)) = numbers.split_first() else {
+                return Err("an empty packed add reply".into());
+            };
+            return Ok(AddReply {
+                earliest: (earliest > 0.0).then_some(earliest as u64),
+                rest: Rest::Packed(rest.to_vec()),
+            });
+        }
         let mut parts = from_redis_value::<Vec<Value>>(v)?.into_iter();
         let earliest: u64 = next_part(&mut parts, "the earliest due time")?;
         Ok(AddReply {
             earliest: (earliest > 0).then_some(earliest),
-            rest: parts.collect(),
+            rest: Rest::Flat(parts.collect()),
         })
     }
 }

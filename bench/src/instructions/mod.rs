@@ -70,6 +70,11 @@
 //! cargo run --bin batcher-bench -- instructions --write bench/instructions.toml
 //! ```
 //!
+//! With `BATCHER_CALLGRIND_KEEP=DIR` each dump is also copied to
+//! `DIR/<redis pid>.<dump number>`, for `callgrind_annotate --inclusive=yes`
+//! to say where a shape's instructions go (the second dump of a Redis is
+//! its shape; its `totals:` line matches the table's count).
+//!
 //! Layout: this file (the options, and the run: measure every shape, compare,
 //! check or write), `shapes.rs` (the shapes, their seeded items and their
 //! policies), `profiled.rs` (a redis-server under callgrind, and the Redis

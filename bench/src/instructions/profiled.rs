@@ -122,6 +122,12 @@ impl Profiled {
             if let Ok(text) = std::fs::read_to_string(&path)
                 && let Some(total) = totals(&text)
             {
+                // Kept for a closer look when asked (see the module docs).
+                if let Ok(keep) = std::env::var("BATCHER_CALLGRIND_KEEP") {
+                    let copy = PathBuf::from(keep).join(format!("{pid}.{}", self.dumps));
+                    std::fs::copy(&path, &copy)
+                        .map_err(|e| format!("keeping the dump as {}: {e}", copy.display()))?;
+                }
                 return Ok(total);
             }
             if Instant::now() >= deadline {
