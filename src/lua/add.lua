@@ -344,8 +344,10 @@ end
 -- and keeps the rest open (more than one batch, and a rest, only when a
 -- reload lowered max_items while the group was open).
 local function flush_open(ctx, g, reason, batches)
-  local list, o, dict = item_list(), opened[g], policy[g].dictionary
-  if stored[g] > 0 then
+  local list, o, dict = false, opened[g], policy[g].dictionary
+  if stored[g] == 0 then
+    list = item_list()
+  else
     local meta
     meta, list = load_group(hash[g])
     o, dict = meta[FIELD.opened], meta[FIELD.names] or ''
@@ -356,12 +358,14 @@ local function flush_open(ctx, g, reason, batches)
     stored[g], indexed[g] = 0, false
     if meta[FIELD.limits] then unindex(IX, key[g], meta) end
   end
-  local i = first_pending[g]
+  local i, n = first_pending[g], list.n
+  local ids, payloads, exts, seqs = list.id, list.payload, list.ext, list.seq
   while i do
-    local id, payload, ext = item_args(i)
-    push_item(list, id, payload, ext, item_seq[i])
-    i = next_pending[i]
+    n = n + 1
+    ids[n], payloads[n], exts[n] = item_args(i)
+    seqs[n], i = item_seq[i], next_pending[i]
   end
+  list.n = n
   local p, size_cut = policy[g], reason == REASON.SIZE
   batches = batches or {}
   local from = cut(ctx, key[g], reason, o, list, p.max_items, size_cut, dict, batches)

@@ -37,18 +37,27 @@ end
 -- arrival order, so the items are sorted only when they are not already.
 local function load_group(gkey)
   local flat = call('HGETALL', gkey)
-  local meta, list, sorted, last = {}, item_list(), true, -1
+  local meta, list, sorted, last, n = {}, item_list(), true, -1, 0
+  local ids, payloads, exts, seqs = list.id, list.payload, list.ext, list.seq
   for i = 1, #flat, 2 do
-    local f = flat[i]
-    if byte(f, 1) == 58 then -- ':'
-      local seq, ext, payload = split_item(flat[i + 1])
-      push_item(list, sub(f, 2), payload, ext, seq)
+    local f, v = flat[i], flat[i + 1]
+    if byte(f, 1) == 58 then -- ':'; split_item, inline: a group's every item passes here
+      local from, ext = 1, ''
+      if byte(v, 1) == 43 then -- '+'
+        from = find(v, '|', 3 + 8 * byte(v, 2), true) + 1
+        ext = sub(v, 1, from - 1)
+      end
+      local comma = find(v, ',', from, true)
+      local seq = num(sub(v, from, comma - 1))
+      n = n + 1
+      ids[n], payloads[n], exts[n], seqs[n] = sub(f, 2), sub(v, comma + 1), ext, seq
       if seq < last then sorted = false end
       last = seq
     else
-      meta[f] = flat[i + 1]
+      meta[f] = v
     end
   end
+  list.n = n
   if sorted then return meta, list end
   local order = {}
   for j = 1, list.n do order[j] = j end
@@ -103,7 +112,7 @@ local function write_batch(ctx, key, reason, opened, list, from, to, names)
   for i = from, to do
     local id, payload = ids[i], payloads[i]
     parts[j + 1], parts[j + 2], parts[j + 3], parts[j + 4], parts[j + 5], parts[j + 6] =
-      dec(#id), ':', id, dec(#payload), ':', payload
+      DEC[#id] or dec(#id), ':', id, DEC[#payload] or dec(#payload), ':', payload
     members[m + 1], members[m + 2] = expire, prefix .. id
     j, m = j + 6, m + 2
     if exts[i] ~= '' then extras = true end

@@ -73,6 +73,11 @@ end
 local dec = memo(function(n) return format('%d', n) end, 4096)
 local num = memo(tonumber, 4096)
 
+-- The decimal text of the lengths a batch's items usually have, looked up
+-- without a call.
+local DEC = {}
+for n = 0, 255 do DEC[n] = format('%d', n) end
+
 -- 'd' repeated: the struct layout of count doubles.
 local doubles = memo(function(count) return '<' .. rep('d', count) end, 128)
 

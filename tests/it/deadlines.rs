@@ -286,7 +286,11 @@ async fn queued_parts_go_out_in_rounds_of_at_most_1000_items() {
         let report = part.await.unwrap().expect("a queued part lands");
         assert_eq!(report.results.len(), 600);
     }
-    assert_eq!(command_calls(&redis, &["fcall"]) - calls, 3);
+    assert_eq!(
+        command_calls(&redis, &["fcall"]) - calls,
+        3,
+        "the call ahead alone, then parts 1 and 2, then part 3"
+    );
     let group = store.group("k").await.unwrap().expect("an open group");
     let held: Vec<String> = (group.items.iter())
         .map(|i| String::from_utf8_lossy(&i.id).into_owned())
@@ -305,7 +309,10 @@ fn unread_by_redis(port: u16) -> bool {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let local_port = fields[1].rsplit(':').next();
         let rx_queue = fields[4].rsplit(':').next();
+        // Established connections only ("01"): a listening socket's queue
+        // counts connections not yet accepted, which carry no command.
         local_port.and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+            && fields[3] == "01"
             && rx_queue.is_some_and(|q| !q.trim_start_matches('0').is_empty())
     })
 }
