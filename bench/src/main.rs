@@ -353,7 +353,8 @@ fn serve(config_toml: &str) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    // The service's own runtime (see batcher::server::runtime).
+    let runtime = batcher::server::runtime().expect("tokio runtime");
     runtime.block_on(async {
         // Traces as `batcher serve` sends them, when OTEL_* asks (scenario 14).
         let telemetry = match batcher::telemetry::Telemetry::from_env() {

@@ -46,8 +46,17 @@ enum Command {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    match batcher::server::runtime() {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(e) => {
+            eprintln!("batcher: cannot start the tokio runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> ExitCode {
     let (path, listen, http_listen) = match Args::parse().command {
         Command::Serve {
             config,

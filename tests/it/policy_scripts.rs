@@ -139,6 +139,40 @@ async fn deadline_sets_due_and_remove_gives_it_back() {
     assert_eq!(group.due_at_ms, plain.due_at_ms);
 }
 
+/// Under a policy with no rules, an item's deadline sets its group's due
+/// time; plain items after it, which take the add's shorter usual path,
+/// keep that due time, are told apart from a duplicate, and flush with it
+/// in arrival order, the deadline carried in the batch.
+#[tokio::test]
+async fn plain_items_keep_a_deadline_set_before_them() {
+    let redis = RedisServer::start();
+    let policy = Policy::basic(4, Duration::from_secs(3600), None);
+    let store = open(&redis, &policy);
+    add(&store, &policy, parcel("a", None), false).await;
+    let opened = store.group("k").await.unwrap().expect("open").opened_at_ms;
+    let mut express = parcel("b", None);
+    express.deadline_ms = Some(opened + 600_000);
+    add(&store, &policy, express, false).await;
+    let c = add(&store, &policy, parcel("c", None), false).await;
+    assert_eq!((c.outcome, c.group_size), (AddOutcome::Added, 3));
+    let again = add(&store, &policy, parcel("c", None), false).await;
+    assert_eq!(
+        (again.outcome, again.group_size),
+        (AddOutcome::Duplicate, 3)
+    );
+    let group = store.group("k").await.unwrap().expect("open");
+    assert_eq!(group.due_reason, FlushReason::Deadline);
+    assert_eq!(group.due_at_ms, opened + 600_000);
+    let d = add(&store, &policy, parcel("d", None), false).await;
+    assert_eq!(d.group_size, 0);
+    assert_eq!(ids(&d), [["a", "b", "c", "d"]]);
+    let batch = &d.flushed[0];
+    assert_eq!(batch.reason, FlushReason::Size);
+    assert_eq!(batch.items[1].deadline_ms, Some(opened + 600_000));
+    assert_eq!(batch.items[2].payload, b"p-c");
+    assert!(store.group("k").await.unwrap().is_none());
+}
+
 /// Each add moves an IDLE due time to the last arrival plus max_idle.
 #[tokio::test]
 async fn idle_moves_with_each_add() {
