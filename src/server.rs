@@ -504,10 +504,12 @@ mod tests {
     /// without which `runtime` would keep tokio's LIFO slot.
     #[test]
     fn the_runtime_is_built_without_the_lifo_slot() {
-        assert!(
-            cfg!(tokio_unstable),
-            "built without --cfg tokio_unstable (is RUSTFLAGS set?)"
-        );
+        const {
+            assert!(
+                cfg!(tokio_unstable),
+                "built without --cfg tokio_unstable (is RUSTFLAGS set?)"
+            )
+        };
         let runtime = super::runtime().expect("runtime");
         assert_eq!(runtime.block_on(async { 1 + 1 }), 2);
     }
