@@ -41,16 +41,10 @@ local function load_group(gkey)
   local ids, payloads, exts, seqs = list.id, list.payload, list.ext, list.seq
   for i = 1, #flat, 2 do
     local f, v = flat[i], flat[i + 1]
-    if byte(f, 1) == 58 then -- ':'; split_item, inline: a group's every item passes here
-      local from, ext = 1, ''
-      if byte(v, 1) == 43 then -- '+'
-        from = find(v, '|', 3 + 8 * byte(v, 2), true) + 1
-        ext = sub(v, 1, from - 1)
-      end
-      local comma = find(v, ',', from, true)
-      local seq = num(sub(v, from, comma - 1))
+    if byte(f, 1) == 58 then -- ':'
+      local seq, ext, payload = split_item(v)
       n = n + 1
-      ids[n], payloads[n], exts[n], seqs[n] = sub(f, 2), sub(v, comma + 1), ext, seq
+      ids[n], payloads[n], exts[n], seqs[n] = sub(f, 2), payload, ext, seq
       if seq < last then sorted = false end
       last = seq
     else
@@ -61,7 +55,6 @@ local function load_group(gkey)
   if sorted then return meta, list end
   local order = {}
   for j = 1, list.n do order[j] = j end
-  local seqs = list.seq
   table.sort(order, function(a, b) return seqs[a] < seqs[b] end)
   local in_order = item_list()
   for j = 1, list.n do
