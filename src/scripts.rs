@@ -21,18 +21,19 @@ use crate::batch::FlushReason;
 pub const FORMAT: u32 = 2;
 
 /// The library's files, in the order they are joined into its body.
-const FILES: [&str; 5] = [
+const FILES: [&str; 6] = [
     include_str!("lua/layout.lua"),
     include_str!("lua/batches.lua"),
     include_str!("lua/limits.lua"),
     include_str!("lua/add.lua"),
+    include_str!("lua/add_call.lua"),
     include_str!("lua/groups.lua"),
 ];
 
 /// A function of the library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Function {
-    /// Adds items to the open groups of one shard (`add.lua`).
+    /// Adds items to the open groups of one shard (`add.lua`, `add_call.lua`).
     Add,
     /// Flushes one group, by due time or by request.
     Flush,

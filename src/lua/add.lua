@@ -1,7 +1,10 @@
 -- add: adds items to the open groups of one shard. A group is flushed in
 -- this same atomic step when an item completes it (max_items, max_bytes, a
 -- capacity reached, close), and before an item when the item would not fit
--- its capacity or the group's cutoff has passed.
+-- its capacity or the group's cutoff has passed. This file holds the
+-- call's arguments and state and the general path of a group; add_call.lua
+-- the function itself, its arguments and reply in full, and the usual path
+-- most groups take.
 --
 -- A group that would open past a limit on open groups (see limits.lua) is
 -- not opened: its items are refused, or, when its policy's overflow flushes
@@ -9,46 +12,16 @@
 -- (reason OVERFLOW, with the flush function, which declares its hash) and
 -- to add them again.
 --
--- KEYS[1]: the shard's due set   KEYS[2]: its batch stream
--- KEYS[3]: its recently-flushed set   KEYS[4]: its open-group index
---   (limits.lua)   KEYS[4 + g]: the hash of group g, g = 1..G
--- KEYS[5 + G]: its requeued set (batch_id ':' item_id, scored by the
---   batch's stream time), given when an item is requeued
--- ARGV[1]: the call's header, struct '<dddd': the dedup window (ms), P (the
---   count of policies), G (of groups) and S, how many arguments an item
---   has (see below)
--- ARGV[2..P+1]: the P policies, packed (see policy_of)
--- then per group: its key, and when P > 1 its policy's number (1..P)
--- then per item, S of: its group's number, followed by 'c' to close the
---   group after it and 'q' batch_id for an item requeued from that batch
---   (S = 2: none, the group is 1 and the item has no flags); its id; its
---   payload; '' or its ext, packed for its policy's capacity (S < 4: '')
--- Returns: {earliest due time this call set (ms) or 0, then per item:
---   outcome (1 added, 2 duplicate, 3 refused, 4 waiting for room under the
---   shard's limit, 5 under its policy's), its group's size after (refused:
---   the limit, LIMIT.SHARD or LIMIT.POLICY; waiting: the number of the group
---   to flush, from 1, or 0 for none yet), the batches it wrote or false;
---   then the keys of the groups to flush to make room}, a batch being {stream_id,
---   reason, opened, flushed, n, items, x, names}. (Flat: a nested table
---   costs a reply more than the rest of a one-item call's reply.) A call
---   that wrote no batch and names no group to flush returns the same
---   numbers packed instead, struct '<d' .. 'dd' * items: the earliest due
---   time, then per item its outcome and size (a string costs Redis less to
---   reply than a table).
---
 -- The work is per group: one ZMSCORE checks every id of the call against
 -- the flushed set, one HMGET per group reads its counters and which of the
 -- call's ids it holds, and one HSET writes its new items and counters.
 -- Items added and flushed in one call never reach the group's hash.
 
--- The state of the call in progress, per group g and per item i: arrays
--- that stay loaded with the library, each entry written before it is read
--- in a call, so that a call allocates no table per group or item.
 -- The call's ARGV, and where item i's arguments are: its group's number
 -- at A[B + S * i] (or none: G_AT false), its id at that + ID_AT, its
 -- payload + PAYLOAD_AT, its ext + EXT_AT (or none: false).
 local A, B, S, G_AT, ID_AT, PAYLOAD_AT, EXT_AT
--- The offsets of S arguments an item has (see the header).
+-- The offsets of S arguments an item has (see add_call.lua).
 local OFFSETS = { [2] = { false, 0, 1, false }, [3] = { 0, 1, 2, false }, [4] = { 0, 1, 2, 3 } }
 
 local function id_of(i) return A[B + S * i + ID_AT] end
@@ -59,11 +32,15 @@ local function item_args(i)
   return A[a + ID_AT], A[a + PAYLOAD_AT], EXT_AT and A[a + EXT_AT] or ''
 end
 
--- A call's header (see above), parsed once per distinct header.
+-- A call's header (see add_call.lua), parsed once per distinct header.
 local header_of = memo(function(h)
   local dedup, np, ng, per_item = unpack_struct('<dddd', h)
   return { dedup = dedup, np = np, ng = ng, s = per_item }
 end, 1024)
+
+-- The state of the call in progress, per group g and per item i: arrays
+-- that stay loaded with the library, each entry written before it is read
+-- in a call, so that a call allocates no table per group or item.
 local key, hash, policy, prefix, opened = {}, {}, {}, {}, {}
 local seq, size, bytes, last, due = {}, {}, {}, {}, {}
 local sums, sums_valid, rules, rules_read, exists, stored = {}, {}, {}, {}, {}, {}
@@ -531,117 +508,4 @@ local function write_group(g)
     i = next_pending[i]
   end
   chunked('HSET', hash[g], writes)
-end
-
--- The reply of a call of n items that wrote no batch and names no group
--- to flush, packed (see the top).
-local numbers = {}
-local function packed_reply(earliest, n)
-  if n == 1 then return pack('<ddd', earliest, out[2], out[3]) end
-  numbers[1] = earliest
-  for i = 1, n do numbers[2 * i], numbers[2 * i + 1] = out[3 * i - 1], out[3 * i] end
-  return pack(doubles(2 * n + 1), unpack(numbers, 1, 2 * n + 1))
-end
-
--- Whether group g, whose policy is usual (see policy_of), is: the call
--- brings it one item, with no flag and no deadline.
-local function usual(g)
-  local i = first_arrival[g]
-  if next_arrival[i] or close[i] or requeue_of[i] then return false end
-  local ext = EXT_AT and A[B + S * i + EXT_AT] or ''
-  return ext == '' or unpack_struct('<d', ext, 3) == 0
-end
-
--- Takes the one item of a usual group g: what read_group, take and
--- write_group do for it, reading and writing only its counters, its
--- opening time and the item. Returns the due time it set (0: none), or
--- false, having changed nothing, when the group needs the general path (a
--- reload lowered max_items below what it holds).
-local function add_usual(ctx, g)
-  local i, p, h = first_arrival[g], policy[g], hash[g]
-  local a = B + S * i
-  local field = ITEM .. A[a + ID_AT]
-  local got = call('HMGET', h, FIELD.state, field)
-  local s, seq_n, size_n, bytes_n = got[1], 0, 0, 0
-  if s then seq_n, size_n, bytes_n = unpack_struct('<ddd', s) end
-  local until_ms = flushed_until[i]
-  if got[2] or until_ms and tonumber(until_ms) > ctx.now then
-    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, size_n, false
-    return 0
-  end
-  if size_n >= p.max_items then return false end
-  local payload = A[a + PAYLOAD_AT]
-  local n, b = size_n + 1, bytes_n + #payload
-  seq_n = seq_n + 1
-  if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then
-    first_pending[g], last_pending[g], next_pending[i], item_seq[i] = i, i, false, seq_n
-    stored[g], rules_read[g], opened[g] = size_n, false, not s and now_text(ctx)
-    local batches = flush_open(ctx, g, n >= p.max_items and REASON.SIZE or REASON.BYTES, false)
-    if s then
-      due_gone[due_gone_n + 1] = key[g]
-      due_gone_n = due_gone_n + 1
-    end
-    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 0, batches
-    return 0
-  end
-  local state_s, item = pack('<dddd', seq_n, n, b, ctx.now), item_value(EXT_AT and A[a + EXT_AT] or '', seq_n, payload)
-  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
-  if s then
-    call('HSET', h, FIELD.state, state_s, field, item)
-    return 0
-  end
-  call('HSET', h, FIELD.state, state_s, FIELD.opened, now_text(ctx), field, item)
-  local due_at = ctx.now + p.max_wait
-  due_set[due_set_n + 1], due_set[due_set_n + 2] = due_at, key[g]
-  due_set_n = due_set_n + 2
-  return due_at
-end
-
-local function add(keys, args)
-  local now = now_ms()
-  local h = header_of(args[1])
-  local np, ng = h.np, h.ng
-  local ctx = context(keys[1], keys[2], keys[3], h.dedup, now)
-  local at_group = 2 + np
-  local group_args = np > 1 and 2 or 1
-  local first = at_group + group_args * ng
-  local o = OFFSETS[h.s]
-  A, S, G_AT, ID_AT, PAYLOAD_AT, EXT_AT = args, h.s, o[1], o[2], o[3], o[4]
-  B = first - S
-  local n = (#args - first + 1) / S
-  for g = 1, ng do
-    local at = at_group + group_args * (g - 1)
-    start_group(g, keys[4 + g], args[at], policy_of(args[1 + (np > 1 and num(args[at + 1]) or 1)]))
-  end
-  IX, room_n = keys[4], 0
-  if named_shard then named_in, named_shard = {}, false end
-  arrivals(n, ctx.flushed)
-  local earliest = 0
-  due_set_n, due_gone_n = 0, 0
-  for g = 1, ng do
-    local due_at = policy[g].usual and usual(g) and add_usual(ctx, g)
-    if due_at then
-      if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
-    else
-      reset_group(g)
-      read_group(g)
-      local i = first_arrival[g]
-      local seen = next_arrival[i] and {} or nil
-      while i do
-        take(ctx, g, i, seen, keys[5 + ng])
-        i = next_arrival[i]
-      end
-      write_group(g)
-      if due_dirty[g] and size[g] > 0 and (earliest == 0 or due[g] < earliest) then earliest = due[g] end
-    end
-  end
-  if due_set_n > 0 then chunked('ZADD', ctx.due, due_set, due_set_n) end
-  if due_gone_n > 0 then chunked('ZREM', ctx.due, due_gone, due_gone_n) end
-  finish(ctx)
-  A = nil
-  if ctx.written == 0 and room_n == 0 then return packed_reply(earliest, n) end
-  out[1] = earliest
-  for j = 1, room_n do out[3 * n + 1 + j] = room[j] end
-  out[3 * n + 2 + room_n] = nil
-  return out
 end

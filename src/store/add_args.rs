@@ -12,7 +12,7 @@ use crate::keys::Keyspace;
 use crate::policy::{Overflow, Policy};
 
 /// The KEYS and ARGV of one call of the library's add function
-/// (`src/lua/add.lua` documents them) for one shard:
+/// (`src/lua/add_call.lua` documents them) for one shard:
 ///
 /// - KEYS: the shard's due set, stream, flushed set and open-group index,
 ///   one hash per group, then the shard's requeued set when an item is

@@ -89,7 +89,7 @@ impl FromRedisValue for ScriptBatch {
     }
 }
 
-/// What the add function did with one item (see `src/lua/add.lua`).
+/// What the add function did with one item (see `src/lua/add_call.lua`).
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum ItemReply {
     Added,
