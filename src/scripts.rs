@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::batch::FlushReason;
 
 /// The data format the library reads and writes; see [`crate::store::Store::check_format`].
-pub const FORMAT: u32 = 2;
+pub const FORMAT: u32 = 3;
 
 /// The library's files, in the order they are joined into its body.
 const FILES: [&str; 6] = [

@@ -21,8 +21,10 @@
 -- at A[B + S * i] (or none: G_AT false), its id at that + ID_AT, its
 -- payload + PAYLOAD_AT, its ext + EXT_AT (or none: false).
 local A, B, S, G_AT, ID_AT, PAYLOAD_AT, EXT_AT
--- The offsets of S arguments an item has (see add_call.lua).
-local OFFSETS = { [2] = { false, 0, 1, false }, [3] = { 0, 1, 2, false }, [4] = { 0, 1, 2, 3 } }
+-- Per shape of an item's arguments (see add_call.lua): how many there
+-- are, and the offsets of its group's number, id, payload and ext.
+local SHAPES = { [-2] = { 2, false, 0, 1, false }, [-3] = { 3, false, 0, 1, 2 },
+  [3] = { 3, 0, 1, 2, false }, [4] = { 4, 0, 1, 2, 3 } }
 
 local function id_of(i) return A[B + S * i + ID_AT] end
 
@@ -34,14 +36,14 @@ end
 
 -- A call's header (see add_call.lua), parsed once per distinct header.
 local header_of = memo(function(h)
-  local dedup, np, ng, per_item = unpack_struct('<dddd', h)
-  return { dedup = dedup, np = np, ng = ng, s = per_item }
+  local dedup, np, ng, shape = unpack_struct('<dddd', h)
+  return { dedup = dedup, np = np, ng = ng, shape = SHAPES[shape] }
 end, 1024)
 
 -- The state of the call in progress, per group g and per item i: arrays
 -- that stay loaded with the library, each entry written before it is read
 -- in a call, so that a call allocates no table per group or item.
-local key, hash, policy, prefix, opened = {}, {}, {}, {}, {}
+local key, hash, policy, opened = {}, {}, {}, {}
 local seq, size, bytes, last, due = {}, {}, {}, {}, {}
 local sums, sums_valid, rules, rules_read, exists, stored = {}, {}, {}, {}, {}, {}
 local added, due_dirty, rules_dirty = {}, {}, {}
@@ -60,7 +62,7 @@ local named_in, named_shard = {}, false
 local due_set, due_gone, due_set_n, due_gone_n = {}, {}, 0, 0
 
 local function start_group(g, h, k, p)
-  key[g], hash[g], policy[g], prefix[g] = k, h, p, flushed_prefix(k)
+  key[g], hash[g], policy[g] = k, h, p
   first_arrival[g], last_arrival[g] = false, false
 end
 
@@ -74,23 +76,9 @@ local function reset_group(g)
   sums[g] = sums[g] or {}
 end
 
--- Each item's group, flags and flushed-set member, and the chain of each
--- group's arrivals in order.
-local function arrivals(n, flushed)
-  for i = 1, n do
-    local garg, g = G_AT and A[B + S * i], 1
-    if garg then g = num(garg) end
-    close[i], requeue_of[i] = false, false
-    if not g then
-      local digits, flags = string.match(garg, '^(%d+)(.*)$')
-      g = num(digits)
-      if byte(flags, 1) == 99 then close[i], flags = true, sub(flags, 2) end -- 'c'
-      if byte(flags, 1) == 113 then requeue_of[i] = sub(flags, 2) end -- 'q'
-    end
-    next_arrival[i], member[i] = false, prefix[g] .. A[B + S * i + ID_AT]
-    if last_arrival[g] then next_arrival[last_arrival[g]] = i else first_arrival[g] = i end
-    last_arrival[g] = i
-  end
+-- Looks up the flushed set's members member[1..n]: flushed_until[i] is
+-- when member i's dedup window ends, or false.
+local function lookup_flushed(flushed, n)
   if n <= CHUNK then
     flushed_until = call('ZMSCORE', flushed, unpack(member, 1, n))
     return
@@ -100,6 +88,26 @@ local function arrivals(n, flushed)
     local scores = call('ZMSCORE', flushed, unpack(member, i, to))
     for j = 1, to - i + 1 do flushed_until[i + j - 1] = scores[j] end
   end
+end
+
+-- Each item's group, flags and flushed-set member, and the chain of each
+-- group's arrivals in order.
+local function arrivals(n, flushed)
+  for i = 1, n do
+    local garg, g = G_AT and A[B + S * i], 1
+    if garg then g = NUMBER[garg] end
+    close[i], requeue_of[i] = false, false
+    if not g then
+      local digits, flags = string.match(garg, '^(%d+)(.*)$')
+      g = num(digits)
+      if byte(flags, 1) == 99 then close[i], flags = true, sub(flags, 2) end -- 'c'
+      if byte(flags, 1) == 113 then requeue_of[i] = sub(flags, 2) end -- 'q'
+    end
+    next_arrival[i], member[i] = false, key[g] .. SEP .. A[B + S * i + ID_AT]
+    if last_arrival[g] then next_arrival[last_arrival[g]] = i else first_arrival[g] = i end
+    last_arrival[g] = i
+  end
+  lookup_flushed(flushed, n)
 end
 
 -- Group g's due time when it is not known here: only the due set holds it.
@@ -128,7 +136,7 @@ local function resum(g, dict)
   local writes = { FIELD.names, p.dictionary }
   for j = 1, list.n do
     if list.ext[j] ~= '' then
-      writes[#writes + 1], writes[#writes + 2] = ITEM .. list.id[j],
+      writes[#writes + 1], writes[#writes + 2] = list.id[j],
         item_value(list.ext[j], list.seq[j], list.payload[j])
     end
   end
@@ -142,7 +150,7 @@ end
 local function hmget_group(g, base, limited)
   local i = first_arrival[g]
   if not next_arrival[i] and not limited then
-    local field, got = ITEM .. id_of(i), false
+    local field, got = id_of(i), false
     field_of[i] = field
     if base == 1 then
       got = call('HMGET', hash[g], FIELD.state, field)
@@ -159,7 +167,7 @@ local function hmget_group(g, base, limited)
   local count = base
   while i do
     count = count + 1
-    local field = ITEM .. id_of(i)
+    local field = id_of(i)
     fields[count], field_of[i] = field, field
     i = next_arrival[i]
   end
@@ -293,7 +301,7 @@ local function keep_rest(g, list, from, o, dict, now)
   local rest, writes = item_list(), { FIELD.opened, o }
   for j = from, list.n do
     push_item(rest, list.id[j], list.payload[j], list.ext[j], list.seq[j])
-    writes[#writes + 1], writes[#writes + 2] = ITEM .. list.id[j],
+    writes[#writes + 1], writes[#writes + 2] = list.id[j],
       item_value(list.ext[j], list.seq[j], list.payload[j])
     size[g], bytes[g] = size[g] + 1, bytes[g] + #list.payload[j]
   end
@@ -508,4 +516,19 @@ local function write_group(g)
     i = next_pending[i]
   end
   chunked('HSET', hash[g], writes)
+end
+
+-- Takes the call's items of group g by the general path: reads the group,
+-- takes each, writes it back. Returns the due time it set (0: none).
+local function general(ctx, g, requeued)
+  reset_group(g)
+  read_group(g)
+  local i = first_arrival[g]
+  local seen = next_arrival[i] and {} or nil
+  while i do
+    take(ctx, g, i, seen, requeued)
+    i = next_arrival[i]
+  end
+  write_group(g)
+  return due_dirty[g] and size[g] > 0 and due[g] or 0
 end

@@ -8,14 +8,16 @@
 -- KEYS[5 + G]: its requeued set (batch_id ':' item_id, scored by the
 --   batch's stream time), given when an item is requeued
 -- ARGV[1]: the call's header, struct '<dddd': the dedup window (ms), P (the
---   count of policies), G (of groups) and S, how many arguments an item
---   has (see below)
+--   count of policies), G (of groups) and the shape of an item's
+--   arguments (see below)
 -- ARGV[2..P+1]: the P policies, packed (see policy_of)
 -- then per group: its key, and when P > 1 its policy's number (1..P)
--- then per item, S of: its group's number, followed by 'c' to close the
---   group after it and 'q' batch_id for an item requeued from that batch
---   (S = 2: none, the group is 1 and the item has no flags); its id; its
---   payload; '' or its ext, packed for its policy's capacity (S < 4: '')
+-- then per item, by the shape: 3 or 4: its group's number, followed by
+--   'c' to close the group after it and 'q' batch_id for an item requeued
+--   from that batch; its id; its payload; for 4, '' or its ext, packed for
+--   its policy's capacity. -2 or -3: no group number (the items have no
+--   flags, and either G is 1 or item g is group g's only one); its id; its
+--   payload; for -3, its ext.
 -- Returns: {earliest due time this call set (ms) or 0, then per item:
 --   outcome (1 added, 2 duplicate, 3 refused, 4 waiting for room under the
 --   shard's limit, 5 under its policy's), its group's size after (refused:
@@ -40,24 +42,28 @@ local function packed_reply(earliest, n)
   return pack(doubles(2 * n + 1), unpack(numbers, 1, 2 * n + 1))
 end
 
+-- Whether item i has no deadline.
+local function undated(i)
+  local ext = EXT_AT and A[B + S * i + EXT_AT] or ''
+  return ext == '' or unpack_struct('<d', ext, 3) == 0
+end
+
 -- Whether group g, whose policy is usual (see policy_of), is: the call
 -- brings it one item, with no flag and no deadline.
 local function usual(g)
   local i = first_arrival[g]
   if next_arrival[i] or close[i] or requeue_of[i] then return false end
-  local ext = EXT_AT and A[B + S * i + EXT_AT] or ''
-  return ext == '' or unpack_struct('<d', ext, 3) == 0
+  return undated(i)
 end
 
--- Takes the one item of a usual group g: what read_group, take and
--- write_group do for it, reading and writing only its counters, its
--- opening time and the item. Returns the due time it set (0: none), or
--- false, having changed nothing, when the group needs the general path (a
--- reload lowered max_items below what it holds).
-local function add_usual(ctx, g)
-  local i, p, h = first_arrival[g], policy[g], hash[g]
+-- Takes item i, the only one of usual group g (hash h, policy p): what
+-- read_group, take and write_group do for it, reading and writing only
+-- its counters, its opening time and the item. Returns the due time it
+-- set (0: none), or false, having changed nothing, when the group needs
+-- the general path (a reload lowered max_items below what it holds).
+local function add_usual(ctx, g, i, h, p)
   local a = B + S * i
-  local field = ITEM .. A[a + ID_AT]
+  local field = A[a + ID_AT]
   local got = call('HMGET', h, FIELD.state, field)
   local s, seq_n, size_n, bytes_n = got[1], 0, 0, 0
   if s then seq_n, size_n, bytes_n = unpack_struct('<ddd', s) end
@@ -71,6 +77,7 @@ local function add_usual(ctx, g)
   local n, b = size_n + 1, bytes_n + #payload
   seq_n = seq_n + 1
   if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then
+    hash[g], policy[g] = h, p
     first_pending[g], last_pending[g], next_pending[i], item_seq[i] = i, i, false, seq_n
     stored[g], rules_read[g], opened[g] = size_n, false, not s and now_text(ctx)
     local batches = flush_open(ctx, g, n >= p.max_items and REASON.SIZE or REASON.BYTES, false)
@@ -94,42 +101,61 @@ local function add_usual(ctx, g)
   return due_at
 end
 
+-- Takes a call whose n groups each get one item without flags (item g is
+-- group g's; the group arguments of g are at args[at + step * (g - 1)]),
+-- with none of the arrival chains: the usual path, or the general one for
+-- a group that needs it. Returns the earliest due time it set (0: none).
+local function add_each(ctx, keys, args, np, at, step, n)
+  local one = np == 1 and policy_of(args[2])
+  for g = 1, n do
+    local k = args[at + step * (g - 1)]
+    key[g], member[g] = k, k .. SEP .. id_of(g)
+  end
+  lookup_flushed(ctx.flushed, n)
+  local earliest = 0
+  for g = 1, n do
+    local p = one or policy_of(args[1 + num(args[at + step * (g - 1) + 1])])
+    local h = keys[4 + g]
+    local due_at = p.usual and undated(g) and add_usual(ctx, g, g, h, p)
+    if not due_at then
+      start_group(g, h, key[g], p)
+      first_arrival[g], last_arrival[g], next_arrival[g], close[g], requeue_of[g] = g, g, false, false, false
+      due_at = general(ctx, g, keys[5 + n])
+    end
+    if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
+  end
+  return earliest
+end
+
 local function add(keys, args)
   local now = now_ms()
   local h = header_of(args[1])
-  local np, ng = h.np, h.ng
+  local np, ng, shape = h.np, h.ng, h.shape
   local ctx = context(keys[1], keys[2], keys[3], h.dedup, now)
   local at_group = 2 + np
   local group_args = np > 1 and 2 or 1
   local first = at_group + group_args * ng
-  local o = OFFSETS[h.s]
-  A, S, G_AT, ID_AT, PAYLOAD_AT, EXT_AT = args, h.s, o[1], o[2], o[3], o[4]
+  A, S, G_AT, ID_AT, PAYLOAD_AT, EXT_AT = args, shape[1], shape[2], shape[3], shape[4], shape[5]
   B = first - S
   local n = (#args - first + 1) / S
-  for g = 1, ng do
-    local at = at_group + group_args * (g - 1)
-    start_group(g, keys[4 + g], args[at], policy_of(args[1 + (np > 1 and num(args[at + 1]) or 1)]))
-  end
   IX, room_n = keys[4], 0
   if named_shard then named_in, named_shard = {}, false end
-  arrivals(n, ctx.flushed)
-  local earliest = 0
   due_set_n, due_gone_n = 0, 0
-  for g = 1, ng do
-    local due_at = policy[g].usual and usual(g) and add_usual(ctx, g)
-    if due_at then
+  local earliest = 0
+  if not G_AT and ng == n then
+    earliest = add_each(ctx, keys, args, np, at_group, group_args, n)
+  else
+    local one = np == 1 and policy_of(args[2])
+    for g = 1, ng do
+      local at = at_group + group_args * (g - 1)
+      start_group(g, keys[4 + g], args[at], one or policy_of(args[1 + num(args[at + 1])]))
+    end
+    arrivals(n, ctx.flushed)
+    for g = 1, ng do
+      local p = policy[g]
+      local due_at = p.usual and usual(g) and add_usual(ctx, g, first_arrival[g], hash[g], p)
+      if not due_at then due_at = general(ctx, g, keys[5 + ng]) end
       if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
-    else
-      reset_group(g)
-      read_group(g)
-      local i = first_arrival[g]
-      local seen = next_arrival[i] and {} or nil
-      while i do
-        take(ctx, g, i, seen, keys[5 + ng])
-        i = next_arrival[i]
-      end
-      write_group(g)
-      if due_dirty[g] and size[g] > 0 and (earliest == 0 or due[g] < earliest) then earliest = due[g] end
     end
   end
   if due_set_n > 0 then chunked('ZADD', ctx.due, due_set, due_set_n) end

@@ -41,14 +41,14 @@ local function load_group(gkey)
   local ids, payloads, exts, seqs = list.id, list.payload, list.ext, list.seq
   for i = 1, #flat, 2 do
     local f, v = flat[i], flat[i + 1]
-    if byte(f, 1) == 58 then -- ':'
+    if META[f] then
+      meta[f] = v
+    else
       local seq, ext, payload = split_item(v)
       n = n + 1
-      ids[n], payloads[n], exts[n], seqs[n] = sub(f, 2), payload, ext, seq
+      ids[n], payloads[n], exts[n], seqs[n] = f, payload, ext, seq
       if seq < last then sorted = false end
       last = seq
-    else
-      meta[f] = v
     end
   end
   list.n = n
@@ -88,11 +88,6 @@ local function expiry(ctx)
   return ctx.expire
 end
 
--- The member that records a flushed item id of a key is this prefix, then the id.
-local function flushed_prefix(key)
-  return dec(#key) .. ':' .. key
-end
-
 -- The pieces of a batch's items and exts, joined by table.concat: arrays
 -- that stay loaded with the library, so a batch allocates no table for them.
 local parts, xparts = {}, {}
@@ -101,12 +96,12 @@ local parts, xparts = {}, {}
 -- Returns it as {stream_id, reason, opened, flushed, n, items, x, names}.
 local function write_batch(ctx, key, reason, opened, list, from, to, names)
   local members, m, j, extras = ctx.recent, 2 * ctx.written, 0, false
-  local prefix, expire, ids, payloads, exts = flushed_prefix(key), expiry(ctx), list.id, list.payload, list.ext
+  local expire, ids, payloads, exts = expiry(ctx), list.id, list.payload, list.ext
   for i = from, to do
     local id, payload = ids[i], payloads[i]
     parts[j + 1], parts[j + 2], parts[j + 3], parts[j + 4], parts[j + 5], parts[j + 6] =
       DEC[#id] or dec(#id), ':', id, DEC[#payload] or dec(#payload), ':', payload
-    members[m + 1], members[m + 2] = expire, prefix .. id
+    members[m + 1], members[m + 2] = expire, key .. SEP .. id
     j, m = j + 6, m + 2
     if exts[i] ~= '' then extras = true end
   end

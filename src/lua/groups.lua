@@ -82,14 +82,14 @@ end
 -- Returns: {removed (1 or 0), the group's size after}
 local function remove(keys, args)
   local due_key, gkey, key = keys[1], keys[2], args[1]
-  local got = call('HMGET', gkey, ITEM .. args[2], FIELD.state, FIELD.names, FIELD.rules, FIELD.limits,
+  local got = call('HMGET', gkey, args[2], FIELD.state, FIELD.names, FIELD.rules, FIELD.limits,
     FIELD.opened)
   if not got[2] then return { 0, 0 } end
   local names, sums = names_of(got[3] or ''), {}
   local seq, size, bytes, last, summed = read_state(got[2], #names, sums)
   if not got[1] then return { 0, size } end
   local _, ext, payload = split_item(got[1])
-  call('HDEL', gkey, ITEM .. args[2])
+  call('HDEL', gkey, args[2])
   size, bytes = size - 1, bytes - #payload
   if size <= 0 then
     call('DEL', gkey)

@@ -1,8 +1,10 @@
--- The group layout, format 2: the only description of it. Every function
+-- The group layout, format 3: the only description of it. Every function
 -- that reads or writes a group's hash is in this library, and reads its
 -- fields by the names below.
 --
--- One hash per open group, under its shard's hash tag, with the fields:
+-- One hash per open group, under its shard's hash tag, with the fields
+-- below: each a single byte from 128 (shown as its letter), which no item
+-- id can be (an id is UTF-8, so a one-byte id is ASCII), then its items:
 --   o        opened at (ms, Redis clock), as text
 --   s        the counters, struct '<dddd' .. 'd' * k: the last arrival's
 --            sequence number, the item count, the payload bytes, the last
@@ -19,7 +21,8 @@
 --   l        when it opened under a limit on open groups: its policy's
 --            scope, NUL, its last arrival as the index has it (absent:
 --            not indexed; see limits.lua)
---   ':' id   an item: its ext, its sequence number, ',' and its payload
+--   id       an item (the field is its id): its ext, its sequence number,
+--            ',' and its payload
 -- An item's ext is '' or, packed by the service: '+', a byte 1 + k, then
 -- 1 + k little-endian doubles (its deadline in ms or 0, then its value of
 -- each measure m names, -0 for none; k is 0 or m's count), then as text
@@ -30,6 +33,10 @@
 -- (listpack) hash encoding: a 32-byte parcel with two measures is a
 -- 62-byte value.
 --
+-- The shard's flushed set remembers each flushed item for the dedup window:
+-- its member is the key, a byte 255 (in no UTF-8 text, so the key ends
+-- there) and the id, scored by when the window ends (ms).
+--
 -- A batch in the shard stream has the fields key, reason, opened, flushed,
 -- n and items: the concatenation, in arrival order, of #id ':' id
 -- #payload ':' payload for each item; and when one of its items has an
@@ -39,11 +46,20 @@ local call, tonumber, unpack, format = redis.call, tonumber, unpack, string.form
 local find, sub, byte, char, rep, gmatch = string.find, string.sub, string.byte, string.char, string.rep, string.gmatch
 local pack, unpack_struct = struct.pack, struct.unpack
 
-local FIELD = { opened = 'o', state = 's', rules = 'x', names = 'm', limits = 'l' }
-local ITEM = ':'
+local FIELD = { opened = '\128', state = '\129', rules = '\130', names = '\131', limits = '\132' }
+-- Whether a field of a group's hash is one of FIELD (else it is an item).
+local META = {}
+for _, name in pairs(FIELD) do META[name] = true end
+-- What separates the key from the id in a flushed set's member.
+local SEP = '\255'
 
 -- Most arguments one command gets from a list.
 local CHUNK = 1000
+
+-- The numbers of the decimal texts 1 to 256 (the group numbers of most
+-- calls), looked up without a call.
+local NUMBER = {}
+for n = 1, 256 do NUMBER[format('%d', n)] = n end
 
 -- -0: a packed measure value that the item does not have.
 local NONE = -1 / math.huge

@@ -18,13 +18,14 @@ use crate::policy::{Overflow, Policy};
 ///   one hash per group, then the shard's requeued set when an item is
 ///   requeued;
 /// - ARGV: a header (the dedup window in ms, the counts of the call's
-///   distinct policies and of its groups, and how many arguments each item
-///   has, as four little-endian doubles); each policy packed
+///   distinct policies and of its groups, and the shape of an item's
+///   arguments, as four little-endian doubles); each policy packed
 ///   ([`packed_policy`]); per group its key, and its policy's number
 ///   (from 1) when the call has more than one; then per item its group's
-///   number (from 1) with its flags, its id, payload and packed ext. An item has
-///   no ext argument when no item of the call has one, and no group number
-///   either when the call has one group and no flags.
+///   number (from 1) with its flags, its id, payload and packed ext. An
+///   item has no ext argument when no item of the call has one, and no
+///   group number when no item has flags and the call has one group or
+///   one item per group (the shape is then negative).
 ///
 /// Items of one key share a group, whose policy is the one given with its
 /// first item. Keys are taken to be of `shard`: the store picks the shard
@@ -174,21 +175,23 @@ impl<'a> AddArgs<'a> {
         if self.requeued {
             keys.push(shard.requeued);
         }
-        // Each item's arguments: all four, or without its ext, or (one
-        // group, no flags) its id and payload only.
-        let per_item = if self.exts {
-            4
-        } else if self.flags || self.group_args.len() > 1 {
-            3
+        // Each item's arguments: its id and payload, its ext when an item
+        // of the call has one, and its group's number first unless no item
+        // has flags and the call has one group or one item per group.
+        let groups = self.group_args.len();
+        let numbered = self.flags || (groups > 1 && groups < self.item_args.len());
+        let per_item = 2 + usize::from(numbered) + usize::from(self.exts);
+        let shape = if numbered {
+            per_item as f64
         } else {
-            2
+            -(per_item as f64)
         };
         let policies = self.policies.len();
         let header = [
             self.dedup.as_millis() as f64,
             policies as f64,
-            self.group_args.len() as f64,
-            per_item as f64,
+            groups as f64,
+            shape,
         ];
         let mut args = Vec::with_capacity(
             1 + policies + 2 * self.group_args.len() + per_item * self.item_args.len(),
@@ -202,11 +205,11 @@ impl<'a> AddArgs<'a> {
             }
         }
         for [group, id, payload, ext] in self.item_args {
-            if per_item > 2 {
+            if numbered {
                 args.push(group);
             }
             args.extend([id, payload]);
-            if per_item > 3 {
+            if self.exts {
                 args.push(ext);
             }
         }
@@ -315,9 +318,10 @@ mod tests {
         );
     }
 
-    /// A call of one group and no flags or exts sends each item as its id
-    /// and payload alone; a requeued item brings its group number with its
-    /// flags, its ext, and the requeued set as the last key.
+    /// A call of one group, or of one item per group, and no flags or exts
+    /// sends each item as its id and payload alone; a requeued item brings
+    /// its group number with its flags, its ext, and the requeued set as
+    /// the last key.
     #[test]
     fn leaves_out_what_no_item_of_the_call_has() {
         let keyspace = Keyspace::new("t", 4);
@@ -327,8 +331,31 @@ mod tests {
             .item("a", &policy, b"2", b"y");
         let (keys, argv) = args.into_parts();
         assert_eq!(keys.len(), 5);
-        assert_eq!(header(&argv[0]), [5000.0, 1.0, 1.0, 2.0]);
+        assert_eq!(header(&argv[0]), [5000.0, 1.0, 1.0, -2.0]);
         assert_eq!(texts(&argv[2..]), ["a", "1", "x", "2", "y"]);
+
+        // One item per group: no group numbers either, and an ext when one
+        // item has one.
+        let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
+        args.item("a", &policy, b"1", b"x")
+            .item("b", &policy, b"2", b"y");
+        let (_, argv) = args.into_parts();
+        assert_eq!(header(&argv[0]), [5000.0, 1.0, 2.0, -2.0]);
+        assert_eq!(texts(&argv[2..]), ["a", "b", "1", "x", "2", "y"]);
+        let dated = Item {
+            id: b"2".to_vec(),
+            payload: b"y".to_vec(),
+            deadline_ms: Some(1),
+            ..Item::default()
+        };
+        let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
+        args.item("a", &policy, b"1", b"x")
+            .item_with("b", &policy, &dated, false, None);
+        let (_, argv) = args.into_parts();
+        assert_eq!(header(&argv[0]), [5000.0, 1.0, 2.0, -3.0]);
+        assert_eq!(texts(&argv[2..7]), ["a", "b", "1", "x", ""]);
+        assert_eq!((&argv[7][..], &argv[8][..]), (&b"2"[..], &b"y"[..]));
+        assert!(!argv[9].is_empty(), "the dated item's ext");
 
         let item = Item {
             id: b"3".to_vec(),

@@ -10,10 +10,12 @@ use crate::support;
 use crate::support::redis::RedisServer;
 use crate::support::{Service, add, start_error};
 use batcher::keys::Keyspace;
+use batcher::scripts::FORMAT;
 use tonic::Code;
 
 /// An empty prefix gets the marker; a prefix holding format 1 (shard keys,
-/// no marker) or format 3 refuses the start and is left as it was.
+/// no marker), the format before this build's, or a newer one refuses the
+/// start and is left as it was.
 #[tokio::test]
 async fn a_prefix_in_another_format_refuses_to_start() {
     let redis = RedisServer::start();
@@ -24,22 +26,24 @@ async fn a_prefix_in_another_format_refuses_to_start() {
         .add(add("k", "1", b"p"))
         .await
         .expect("an add on a fresh prefix");
-    assert_eq!(redis.cli(&["GET", &marker]), "2");
+    assert_eq!(redis.cli(&["GET", &marker]), FORMAT.to_string());
     service.stop().await;
 
-    redis.cli(&["SET", &marker, "3"]);
-    let msg = start_error(support::config(&redis.url(), "")).await;
-    assert!(
-        msg.contains("format 3") && msg.contains("format 2"),
-        "{msg}"
-    );
-    assert!(msg.contains("prefix \"batcher\""), "{msg}");
-    assert!(!msg.contains('\n'), "one line: {msg}");
-    assert_eq!(
-        redis.cli(&["GET", &marker]),
-        "3",
-        "the marker was overwritten"
-    );
+    for other in [FORMAT - 1, FORMAT + 1].map(|f| f.to_string()) {
+        redis.cli(&["SET", &marker, &other]);
+        let msg = start_error(support::config(&redis.url(), "")).await;
+        assert!(
+            msg.contains(&format!("format {other} ")) && msg.contains(&format!("format {FORMAT};")),
+            "{msg}"
+        );
+        assert!(msg.contains("prefix \"batcher\""), "{msg}");
+        assert!(!msg.contains('\n'), "one line: {msg}");
+        assert_eq!(
+            redis.cli(&["GET", &marker]),
+            other,
+            "the marker was overwritten"
+        );
+    }
 
     redis.cli(&["DEL", &marker]);
     let due = Keyspace::new("batcher", 4).shard(2).due;
@@ -49,7 +53,7 @@ async fn a_prefix_in_another_format_refuses_to_start() {
     assert_eq!(
         redis.cli(&["EXISTS", &marker]),
         "0",
-        "format 1 was marked 2"
+        "format 1 was marked {FORMAT}"
     );
 }
 
@@ -60,7 +64,8 @@ async fn a_prefix_in_another_format_refuses_to_start() {
 async fn a_service_started_before_redis_checks_before_its_first_add() {
     let mut redis = RedisServer::start();
     let marker = Keyspace::new("batcher", 4).format_marker();
-    redis.cli(&["SET", &marker, "3"]);
+    let newer = (FORMAT + 1).to_string();
+    redis.cli(&["SET", &marker, &newer]);
     redis.stop();
     let service = Service::start(support::config(&redis.url(), "")).await;
     let client = service.client().await;
@@ -82,15 +87,15 @@ async fn a_service_started_before_redis_checks_before_its_first_add() {
         }
     })
     .await
-    .expect_err("an add into format 3");
+    .expect_err("an add into a newer format");
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     assert!(
-        status.message().contains("format 3"),
+        status.message().contains(&format!("format {newer} ")),
         "{}",
         status.message()
     );
-    assert_eq!(redis.data_keys(), "0", "an add wrote into format 3");
-    assert_eq!(redis.cli(&["GET", &marker]), "3");
+    assert_eq!(redis.data_keys(), "0", "an add wrote into a newer format");
+    assert_eq!(redis.cli(&["GET", &marker]), newer);
     service.stop().await;
 }
 
@@ -114,5 +119,5 @@ async fn a_consumer_group_made_before_the_first_add_is_not_format_1() {
     };
     store.add(vec![item]).await.expect("the first add");
     let marker = Keyspace::new("batcher", 4).format_marker();
-    assert_eq!(redis.cli(&["GET", &marker]), "2");
+    assert_eq!(redis.cli(&["GET", &marker]), FORMAT.to_string());
 }

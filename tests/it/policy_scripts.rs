@@ -173,6 +173,84 @@ async fn plain_items_keep_a_deadline_set_before_them() {
     assert!(store.group("k").await.unwrap().is_none());
 }
 
+/// A call that brings each of its groups one item (keys of one shard, so
+/// one script call) takes every item right, under a plain policy and one
+/// with rules alike: a duplicate of an open id, a group filled by its item
+/// flushing alone, a flushed id refused for the dedup window, and the
+/// rule-bound group keeping its own due reason.
+#[tokio::test]
+async fn a_call_of_one_item_per_group_takes_each_right() {
+    let redis = RedisServer::start();
+    let plain = Policy::basic(2, Duration::from_secs(3600), None);
+    let idle = Policy {
+        max_idle: Some(Duration::from_secs(60)),
+        ..Policy::basic(5, Duration::from_secs(3600), None)
+    };
+    let store = open(&redis, &plain);
+    let keyspace = Keyspace::new("pol", 4);
+    let keys: Vec<String> = (0..)
+        .map(|n| format!("area-{n}"))
+        .filter(|k| keyspace.shard_of(k) == 1)
+        .take(3)
+        .collect();
+    let call = |items: [(&str, &Policy); 3]| {
+        let new = items
+            .iter()
+            .zip(&keys)
+            .map(|((id, policy), key)| NewItem {
+                key: key.clone(),
+                item: parcel(id, None),
+                policy: (*policy).clone(),
+                close: false,
+                requeue_of: None,
+            })
+            .collect();
+        let store = &store;
+        async move { store.add(new).await.expect("add").results }
+    };
+    let outcomes = |results: &[AddResult]| -> Vec<(AddOutcome, u32)> {
+        results
+            .iter()
+            .map(|r| (r.outcome.clone(), r.group_size))
+            .collect()
+    };
+    let first = call([("a", &plain), ("b", &plain), ("c", &idle)]).await;
+    assert_eq!(
+        outcomes(&first),
+        [
+            (AddOutcome::Added, 1),
+            (AddOutcome::Added, 1),
+            (AddOutcome::Added, 1)
+        ]
+    );
+
+    let second = call([("a", &plain), ("d", &plain), ("e", &idle)]).await;
+    assert_eq!(
+        outcomes(&second),
+        [
+            (AddOutcome::Duplicate, 1),
+            (AddOutcome::Added, 0),
+            (AddOutcome::Added, 2)
+        ]
+    );
+    assert_eq!(ids(&second[1]), [["b", "d"]]);
+    assert!(second[0].flushed.is_empty() && second[2].flushed.is_empty());
+
+    let third = call([("f", &plain), ("b", &plain), ("c", &idle)]).await;
+    assert_eq!(
+        outcomes(&third),
+        [
+            (AddOutcome::Added, 0),
+            (AddOutcome::Duplicate, 0),
+            (AddOutcome::Duplicate, 2)
+        ]
+    );
+    assert_eq!(ids(&third[0]), [["a", "f"]]);
+    let group = store.group(&keys[2]).await.unwrap().expect("open");
+    assert_eq!((group.size, group.due_reason), (2, FlushReason::Idle));
+    assert!(store.group(&keys[1]).await.unwrap().is_none());
+}
+
 /// Each add moves an IDLE due time to the last arrival plus max_idle.
 #[tokio::test]
 async fn idle_moves_with_each_add() {
