@@ -49,11 +49,59 @@ local function undated(i)
 end
 
 -- Whether group g, whose policy is usual (see policy_of), is: the call
--- brings it one item, with no flag and no deadline.
+-- brings it items with no flag and no deadline, at most MANY of them.
+local MANY = 64
 local function usual(g)
-  local i = first_arrival[g]
-  if next_arrival[i] or close[i] or requeue_of[i] then return false end
-  return undated(i)
+  local i, c = first_arrival[g], 0
+  while i do
+    c = c + 1
+    if c > MANY or close[i] or requeue_of[i] or not undated(i) then return false end
+    i = next_arrival[i]
+  end
+  return true
+end
+
+-- Takes the items of usual group g (hash h, policy p) when the call brings
+-- it more than one and they do not complete it: one HMGET of its counters
+-- and their ids, one HSET of the new ones, and each item's reply as take
+-- writes it. Returns the due time it set (0: none), or false, having
+-- written nothing, when they would complete it (the general path then
+-- takes them, flushes included).
+local function add_usual_many(ctx, g, h, p)
+  local i, c = first_arrival[g], 1
+  fields[1] = STATE
+  while i do
+    c = c + 1
+    fields[c] = id_of(i)
+    i = next_arrival[i]
+  end
+  local got = call('HMGET', h, unpack(fields, 1, c))
+  local s, seq_n, size_n, bytes_n = got[1], 0, 0, 0
+  if s then seq_n, size_n, bytes_n = unpack_struct('<ddd', s) end
+  local seen, writes, w, b, n = {}, { STATE, false }, 2, bytes_n, size_n
+  if not s then writes[3], writes[4], w = OPENED, now_text(ctx), 4 end
+  i = first_arrival[g]
+  for j = 2, c do
+    local id, until_ms = fields[j], flushed_until[i]
+    if got[j] or seen[id] or until_ms and tonumber(until_ms) > ctx.now then
+      out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, n, false
+    else
+      local _, payload, ext = item_args(i)
+      seen[id], n, b, seq_n = true, n + 1, b + #payload, seq_n + 1
+      out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
+      writes[w + 1], writes[w + 2], w = id, item_value(ext, seq_n, payload), w + 2
+    end
+    i = next_arrival[i]
+  end
+  if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then return false end
+  if n == size_n then return 0 end
+  writes[2] = pack('<dddd', seq_n, n, b, ctx.now)
+  call('HSET', h, unpack(writes, 1, w))
+  if s then return 0 end
+  local due_at = ctx.now + p.max_wait
+  due_set[due_set_n + 1], due_set[due_set_n + 2] = due_at, key[g]
+  due_set_n = due_set_n + 2
+  return due_at
 end
 
 -- Takes item i, the only one of usual group g (hash h, policy p): what
@@ -64,7 +112,7 @@ end
 local function add_usual(ctx, g, i, h, p)
   local a = B + S * i
   local field = A[a + ID_AT]
-  local got = call('HMGET', h, FIELD.state, field)
+  local got = call('HMGET', h, STATE, field)
   local s, seq_n, size_n, bytes_n = got[1], 0, 0, 0
   if s then seq_n, size_n, bytes_n = unpack_struct('<ddd', s) end
   local until_ms = flushed_until[i]
@@ -91,10 +139,10 @@ local function add_usual(ctx, g, i, h, p)
   local state_s, item = pack('<dddd', seq_n, n, b, ctx.now), item_value(EXT_AT and A[a + EXT_AT] or '', seq_n, payload)
   out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
   if s then
-    call('HSET', h, FIELD.state, state_s, field, item)
+    call('HSET', h, STATE, state_s, field, item)
     return 0
   end
-  call('HSET', h, FIELD.state, state_s, FIELD.opened, now_text(ctx), field, item)
+  call('HSET', h, STATE, state_s, OPENED, now_text(ctx), field, item)
   local due_at = ctx.now + p.max_wait
   due_set[due_set_n + 1], due_set[due_set_n + 2] = due_at, key[g]
   due_set_n = due_set_n + 2
@@ -116,7 +164,7 @@ local function add_each(ctx, keys, args, np, at, step, n)
   for g = 1, n do
     local p = one or policy_of(args[1 + num(args[at + step * (g - 1) + 1])])
     local h = keys[4 + g]
-    local due_at = p.usual and undated(g) and add_usual(ctx, g, g, h, p)
+    local due_at = p.usual and (not EXT_AT or undated(g)) and add_usual(ctx, g, g, h, p)
     if not due_at then
       start_group(g, h, key[g], p)
       first_arrival[g], last_arrival[g], next_arrival[g], close[g], requeue_of[g] = g, g, false, false, false
@@ -152,8 +200,14 @@ local function add(keys, args)
     end
     arrivals(n, ctx.flushed)
     for g = 1, ng do
-      local p = policy[g]
-      local due_at = p.usual and usual(g) and add_usual(ctx, g, first_arrival[g], hash[g], p)
+      local p, i, due_at = policy[g], first_arrival[g], false
+      if p.usual and usual(g) then
+        if next_arrival[i] then
+          due_at = add_usual_many(ctx, g, hash[g], p)
+        else
+          due_at = add_usual(ctx, g, i, hash[g], p)
+        end
+      end
       if not due_at then due_at = general(ctx, g, keys[5 + ng]) end
       if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
     end

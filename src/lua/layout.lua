@@ -47,6 +47,7 @@ local find, sub, byte, char, rep, gmatch = string.find, string.sub, string.byte,
 local pack, unpack_struct = struct.pack, struct.unpack
 
 local FIELD = { opened = '\128', state = '\129', rules = '\130', names = '\131', limits = '\132' }
+local STATE, OPENED = FIELD.state, FIELD.opened
 -- Whether a field of a group's hash is one of FIELD (else it is an item).
 local META = {}
 for _, name in pairs(FIELD) do META[name] = true end
@@ -143,7 +144,7 @@ end
 
 -- An item's hash value, and back: its sequence number, ext and payload.
 local function item_value(ext, seq, payload)
-  return ext .. dec(seq) .. ',' .. payload
+  return ext .. (DEC[seq] or dec(seq)) .. ',' .. payload
 end
 
 local function split_item(v)

@@ -251,6 +251,65 @@ async fn a_call_of_one_item_per_group_takes_each_right() {
     assert!(store.group(&keys[1]).await.unwrap().is_none());
 }
 
+/// A call that brings a plain group several items (an AddMany from a
+/// scanner) answers each as it would one at a time: an id repeated in the
+/// call or already open is a duplicate at the size then, the others are
+/// added in order, and items that complete the group flush it whole.
+#[tokio::test]
+async fn a_call_of_several_items_for_a_group_takes_each_in_order() {
+    let redis = RedisServer::start();
+    let policy = Policy::basic(5, Duration::from_secs(3600), None);
+    let store = open(&redis, &policy);
+    let call = |ids: &[&str]| {
+        let new = ids
+            .iter()
+            .map(|id| NewItem {
+                key: "k".into(),
+                item: parcel(id, None),
+                policy: policy.clone(),
+                close: false,
+                requeue_of: None,
+            })
+            .collect();
+        let store = &store;
+        async move { store.add(new).await.expect("add").results }
+    };
+    let outcomes = |results: &[AddResult]| -> Vec<(AddOutcome, u32)> {
+        results
+            .iter()
+            .map(|r| (r.outcome.clone(), r.group_size))
+            .collect()
+    };
+    let first = call(&["a", "b", "a", "c"]).await;
+    assert_eq!(
+        outcomes(&first),
+        [
+            (AddOutcome::Added, 1),
+            (AddOutcome::Added, 2),
+            (AddOutcome::Duplicate, 2),
+            (AddOutcome::Added, 3)
+        ]
+    );
+    let second = call(&["b", "d", "e", "f"]).await;
+    assert_eq!(
+        outcomes(&second),
+        [
+            (AddOutcome::Duplicate, 3),
+            (AddOutcome::Added, 4),
+            (AddOutcome::Added, 0),
+            (AddOutcome::Added, 1)
+        ]
+    );
+    assert_eq!(ids(&second[2]), [["a", "b", "c", "d", "e"]]);
+    let third = call(&["c", "g"]).await;
+    assert_eq!(
+        outcomes(&third),
+        [(AddOutcome::Duplicate, 1), (AddOutcome::Added, 2)]
+    );
+    let group = store.group("k").await.unwrap().expect("open");
+    assert_eq!(group.size, 2);
+}
+
 /// Each add moves an IDLE due time to the last arrival plus max_idle.
 #[tokio::test]
 async fn idle_moves_with_each_add() {
