@@ -51,6 +51,19 @@ local first_arrival, last_arrival, first_pending, last_pending = {}, {}, {}, {}
 local close, requeue_of, member, flushed_until = {}, {}, {}, {}
 local next_arrival, next_pending, item_seq, held, field_of = {}, {}, {}, {}, {}
 local fields, values_of_item, out = {}, {}, {}
+-- A group's fields and values to write, in write_group (its first ones).
+local WRITES = {}
+-- Per group g, a table for its rules that stays with the library (see
+-- pooled): a call's groups allocate none.
+local rules_pool = {}
+local function pooled(g)
+  local r = rules_pool[g]
+  if not r then
+    r = set_rules(nil, 0, 0, 0, 0, 0, 0, 0, 0)
+    rules_pool[g] = r
+  end
+  return r
+end
 -- Per group g, its scope in the open-group index (false: not indexed) and
 -- its last arrival there; the call's index keys; the groups it names to
 -- flush to make room, their count, and how many it named per scope and
@@ -118,7 +131,7 @@ local UNKNOWN = math.huge
 local function rules_of(g)
   if not rules_read[g] then
     local x = exists[g] and call('HGET', hash[g], FIELD.rules)
-    rules[g], rules_read[g] = x and read_rules(x) or false, true
+    rules[g], rules_read[g] = x and read_rules(x, pooled(g)) or false, true
     if rules[g] and due[g] == UNKNOWN then due[g] = rules[g].due end
   end
   return rules[g]
@@ -198,7 +211,7 @@ local function read_group(g)
   exists[g], rules_read[g] = true, base == 3
   due[g] = UNKNOWN
   if base == 3 and got[3] then
-    rules[g] = read_rules(got[3])
+    rules[g] = read_rules(got[3], pooled(g))
     due[g] = rules[g].due
   end
   seq[g], size[g], bytes[g], last[g], sums_valid[g] =
@@ -232,8 +245,7 @@ local function ensure_rules(g, due_key)
   if not r then
     local o = tonumber(opened[g] or call('HGET', hash[g], FIELD.opened))
     if due[g] == UNKNOWN then due[g] = tonumber(call('ZSCORE', due_key, key[g])) end
-    r = { max_wait = due[g] - o, max_idle = 0, cutoff = 0, lead = 0, max_age = 0, deadline = 0,
-      opened = o, due = due[g] }
+    r = set_rules(pooled(g), due[g] - o, 0, 0, 0, 0, 0, o, due[g])
     rules[g], rules_dirty[g] = r, true
   end
   return r
@@ -252,8 +264,7 @@ local function open_group(g, now, now_s)
   end
   local c = p.cutoff
   if c > 0 and c <= now then c = p.next_cutoff end
-  rules[g] = { max_wait = p.max_wait, max_idle = p.max_idle, cutoff = c, lead = p.lead,
-    max_age = p.max_age, deadline = 0, opened = now, due = 0 }
+  rules[g] = set_rules(pooled(g), p.max_wait, p.max_idle, c, p.lead, p.max_age, 0, now, 0)
   rules_dirty[g], due[g] = true, 0
 end
 
@@ -337,7 +348,7 @@ local function flush_open(ctx, g, reason, batches)
     meta, list = load_group(hash[g])
     o, dict = meta[FIELD.opened], meta[FIELD.names] or ''
     if not rules_read[g] then
-      rules[g], rules_read[g] = meta[FIELD.rules] and read_rules(meta[FIELD.rules]) or false, true
+      rules[g], rules_read[g] = meta[FIELD.rules] and read_rules(meta[FIELD.rules], pooled(g)) or false, true
     end
     call('DEL', hash[g])
     stored[g], indexed[g] = 0, false
@@ -501,21 +512,22 @@ local function write_group(g)
     end
     return
   end
-  local writes = { FIELD.state, s }
+  local writes, w = WRITES, 2
+  writes[1], writes[2] = FIELD.state, s
   if stored[g] == 0 then
-    writes[3], writes[4] = FIELD.opened, opened[g]
-    if p.k > 0 then writes[5], writes[6] = FIELD.names, p.dictionary end
+    writes[3], writes[4], w = FIELD.opened, opened[g], 4
+    if p.k > 0 then writes[5], writes[6], w = FIELD.names, p.dictionary, 6 end
   end
-  if scope then writes[#writes + 1], writes[#writes + 2] = FIELD.limits, limits_field(scope, last[g]) end
+  if scope then writes[w + 1], writes[w + 2], w = FIELD.limits, limits_field(scope, last[g]), w + 2 end
   if rules[g] and (stored[g] == 0 or rules_dirty[g]) then
-    writes[#writes + 1], writes[#writes + 2] = FIELD.rules, rules_field(rules[g])
+    writes[w + 1], writes[w + 2], w = FIELD.rules, rules_field(rules[g]), w + 2
   end
   while i do
     local _, payload, ext = item_args(i)
-    writes[#writes + 1], writes[#writes + 2] = field_of[i], item_value(ext, item_seq[i], payload)
+    writes[w + 1], writes[w + 2], w = field_of[i], item_value(ext, item_seq[i], payload), w + 2
     i = next_pending[i]
   end
-  chunked('HSET', hash[g], writes)
+  chunked('HSET', hash[g], writes, w)
 end
 
 -- Takes the call's items of group g by the general path: reads the group,

@@ -130,11 +130,20 @@ local function state(seq, size, bytes, last, k, sums)
   return pack(doubles(4 + k), seq, size, bytes, last, unpack(sums, 1, k))
 end
 
--- A group's due rules, from its x.
-local function read_rules(x)
-  local w, i, c, lead, a, e, o, due = unpack_struct('<dddddddd', x)
-  return { max_wait = w, max_idle = i, cutoff = c, lead = lead, max_age = a, deadline = e,
-    opened = o, due = due }
+-- A group's due rules: a table r (new when not given) set to those of
+-- an x, or to the values given.
+local function set_rules(r, max_wait, max_idle, cutoff, lead, max_age, deadline, opened, due)
+  if not r then
+    return { max_wait = max_wait, max_idle = max_idle, cutoff = cutoff, lead = lead, max_age = max_age,
+      deadline = deadline, opened = opened, due = due }
+  end
+  r.max_wait, r.max_idle, r.cutoff, r.lead, r.max_age, r.deadline, r.opened, r.due =
+    max_wait, max_idle, cutoff, lead, max_age, deadline, opened, due
+  return r
+end
+
+local function read_rules(x, r)
+  return set_rules(r, unpack_struct('<dddddddd', x))
 end
 
 local function rules_field(r)
