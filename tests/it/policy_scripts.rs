@@ -71,6 +71,29 @@ fn ids(result: &AddResult) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Adds parcels (key, id, policy) in one store call: one script call when
+/// their keys share a shard.
+async fn add_all(store: &Store, items: &[(&str, &str, &Policy)]) -> Vec<AddResult> {
+    let new = items
+        .iter()
+        .map(|(key, id, policy)| NewItem {
+            key: key.to_string(),
+            item: parcel(id, None),
+            policy: (*policy).clone(),
+            close: false,
+            requeue_of: None,
+        })
+        .collect();
+    store.add(new).await.expect("add").results
+}
+
+fn outcomes(results: &[AddResult]) -> Vec<(AddOutcome, u32)> {
+    results
+        .iter()
+        .map(|r| (r.outcome.clone(), r.group_size))
+        .collect()
+}
+
 /// An item that would not fit flushes the group first (CAPACITY) and opens
 /// the next; sums that reach the capacity flush with the item; a missing
 /// measure counts 0; close_group after a capacity flush writes two batches.
@@ -180,6 +203,7 @@ async fn plain_items_keep_a_deadline_set_before_them() {
 /// rule-bound group keeping its own due reason.
 #[tokio::test]
 async fn a_call_of_one_item_per_group_takes_each_right() {
+    use AddOutcome::{Added, Duplicate};
     let redis = RedisServer::start();
     let plain = Policy::basic(2, Duration::from_secs(3600), None);
     let idle = Policy {
@@ -193,57 +217,31 @@ async fn a_call_of_one_item_per_group_takes_each_right() {
         .filter(|k| keyspace.shard_of(k) == 1)
         .take(3)
         .collect();
-    let call = |items: [(&str, &Policy); 3]| {
-        let new = items
-            .iter()
-            .zip(&keys)
-            .map(|((id, policy), key)| NewItem {
-                key: key.clone(),
-                item: parcel(id, None),
-                policy: (*policy).clone(),
-                close: false,
-                requeue_of: None,
-            })
-            .collect();
-        let store = &store;
-        async move { store.add(new).await.expect("add").results }
-    };
-    let outcomes = |results: &[AddResult]| -> Vec<(AddOutcome, u32)> {
-        results
-            .iter()
-            .map(|r| (r.outcome.clone(), r.group_size))
-            .collect()
-    };
-    let first = call([("a", &plain), ("b", &plain), ("c", &idle)]).await;
-    assert_eq!(
-        outcomes(&first),
-        [
-            (AddOutcome::Added, 1),
-            (AddOutcome::Added, 1),
-            (AddOutcome::Added, 1)
-        ]
-    );
+    let (k1, k2, k3) = (keys[0].as_str(), keys[1].as_str(), keys[2].as_str());
+    let first = add_all(
+        &store,
+        &[(k1, "a", &plain), (k2, "b", &plain), (k3, "c", &idle)],
+    )
+    .await;
+    assert_eq!(outcomes(&first), [(Added, 1), (Added, 1), (Added, 1)]);
 
-    let second = call([("a", &plain), ("d", &plain), ("e", &idle)]).await;
-    assert_eq!(
-        outcomes(&second),
-        [
-            (AddOutcome::Duplicate, 1),
-            (AddOutcome::Added, 0),
-            (AddOutcome::Added, 2)
-        ]
-    );
+    let second = add_all(
+        &store,
+        &[(k1, "a", &plain), (k2, "d", &plain), (k3, "e", &idle)],
+    )
+    .await;
+    assert_eq!(outcomes(&second), [(Duplicate, 1), (Added, 0), (Added, 2)]);
     assert_eq!(ids(&second[1]), [["b", "d"]]);
     assert!(second[0].flushed.is_empty() && second[2].flushed.is_empty());
 
-    let third = call([("f", &plain), ("b", &plain), ("c", &idle)]).await;
+    let third = add_all(
+        &store,
+        &[(k1, "f", &plain), (k2, "b", &plain), (k3, "c", &idle)],
+    )
+    .await;
     assert_eq!(
         outcomes(&third),
-        [
-            (AddOutcome::Added, 0),
-            (AddOutcome::Duplicate, 0),
-            (AddOutcome::Duplicate, 2)
-        ]
+        [(Added, 0), (Duplicate, 0), (Duplicate, 2)]
     );
     assert_eq!(ids(&third[0]), [["a", "f"]]);
     let group = store.group(&keys[2]).await.unwrap().expect("open");
@@ -257,55 +255,24 @@ async fn a_call_of_one_item_per_group_takes_each_right() {
 /// added in order, and items that complete the group flush it whole.
 #[tokio::test]
 async fn a_call_of_several_items_for_a_group_takes_each_in_order() {
+    use AddOutcome::{Added, Duplicate};
     let redis = RedisServer::start();
     let policy = Policy::basic(5, Duration::from_secs(3600), None);
     let store = open(&redis, &policy);
-    let call = |ids: &[&str]| {
-        let new = ids
-            .iter()
-            .map(|id| NewItem {
-                key: "k".into(),
-                item: parcel(id, None),
-                policy: policy.clone(),
-                close: false,
-                requeue_of: None,
-            })
-            .collect();
-        let store = &store;
-        async move { store.add(new).await.expect("add").results }
-    };
-    let outcomes = |results: &[AddResult]| -> Vec<(AddOutcome, u32)> {
-        results
-            .iter()
-            .map(|r| (r.outcome.clone(), r.group_size))
-            .collect()
-    };
-    let first = call(&["a", "b", "a", "c"]).await;
+    let call = |ids: [&'static str; 4]| ids.map(|id| ("k", id, &policy));
+    let first = add_all(&store, &call(["a", "b", "a", "c"])).await;
     assert_eq!(
         outcomes(&first),
-        [
-            (AddOutcome::Added, 1),
-            (AddOutcome::Added, 2),
-            (AddOutcome::Duplicate, 2),
-            (AddOutcome::Added, 3)
-        ]
+        [(Added, 1), (Added, 2), (Duplicate, 2), (Added, 3)]
     );
-    let second = call(&["b", "d", "e", "f"]).await;
+    let second = add_all(&store, &call(["b", "d", "e", "f"])).await;
     assert_eq!(
         outcomes(&second),
-        [
-            (AddOutcome::Duplicate, 3),
-            (AddOutcome::Added, 4),
-            (AddOutcome::Added, 0),
-            (AddOutcome::Added, 1)
-        ]
+        [(Duplicate, 3), (Added, 4), (Added, 0), (Added, 1)]
     );
     assert_eq!(ids(&second[2]), [["a", "b", "c", "d", "e"]]);
-    let third = call(&["c", "g"]).await;
-    assert_eq!(
-        outcomes(&third),
-        [(AddOutcome::Duplicate, 1), (AddOutcome::Added, 2)]
-    );
+    let third = add_all(&store, &[("k", "c", &policy), ("k", "g", &policy)]).await;
+    assert_eq!(outcomes(&third), [(Duplicate, 1), (Added, 2)]);
     let group = store.group("k").await.unwrap().expect("open");
     assert_eq!(group.size, 2);
 }
