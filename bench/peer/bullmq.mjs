@@ -14,6 +14,12 @@
 //     [--callers N] [--connections K] [--bulk 100] [--seconds 10] [--warmup 1]
 //
 // Prints one line of JSON.
+//
+// With --count N instead (for `batcher-bench instructions --peer`): no clock
+// at all. It adds one job (so BullMQ's scripts are loaded), prints `ready`,
+// waits for a line on stdin, then adds N jobs one call at a time (calls of
+// --bulk jobs, or single adds), names drawn by a seeded generator over 1,000
+// keys, prints one line of JSON and exits.
 
 import { readFileSync } from 'node:fs';
 import { Queue } from 'bullmq';
@@ -65,6 +71,49 @@ function job(caller, seq) {
     name: key(Math.floor(Math.random() * KEYS)),
     data: { id: `id-${String(caller).padStart(4, '0')}-${String(seq).padStart(17, '0')}`, payload },
   };
+}
+
+if (flags.count !== undefined) {
+  await counted(Number(flags.count));
+  process.exit(0);
+}
+
+// See the header: N jobs, one call at a time, after a `ready` and a line on
+// stdin.
+async function counted(count) {
+  const connection = new IORedis({ host: '127.0.0.1', port, maxRetriesPerRequest: null });
+  const queue = new Queue('bench', { connection });
+  await queue.waitUntilReady();
+  let seed = 0x11572024;
+  const next = () => {
+    seed ^= seed << 13; seed >>>= 0;
+    seed ^= seed >>> 17;
+    seed ^= seed << 5; seed >>>= 0;
+    return seed;
+  };
+  const counted_job = (seq) => ({
+    name: key(next() % 1000),
+    data: { id: `id-0000-${String(seq).padStart(17, '0')}`, payload },
+  });
+  await queue.add('warm-up', { id: 'warm-up', payload });
+  console.log('ready');
+  await new Promise((resolve) => process.stdin.once('data', resolve));
+  let seq = 0;
+  let calls = 0;
+  while (seq < count) {
+    if (mode === 'addBulk') {
+      const batch = [];
+      for (let i = 0; i < bulk && seq < count; i++) batch.push(counted_job(seq++));
+      await queue.addBulk(batch);
+    } else {
+      const j = counted_job(seq++);
+      await queue.add(j.name, j.data);
+    }
+    calls++;
+  }
+  await queue.close();
+  await connection.quit();
+  console.log(JSON.stringify({ peer: 'bullmq', version, mode, jobs: count, calls }));
 }
 
 const queues = [];

@@ -107,10 +107,10 @@ pub(super) fn print_table(
             base_text,
             change_text,
             batches.join(", "),
-            if m.checked {
-                ""
-            } else {
-                " (floor: not checked)"
+            match (m.checked, m.name.starts_with("floor")) {
+                (true, _) => "",
+                (false, true) => " (floor: not checked)",
+                (false, false) => " (peer: not checked)",
             }
         );
     }
@@ -166,6 +166,10 @@ fn print_ratios(measured: &[Measured]) {
         ("addmany", "floor_addmany"),
         ("unary", "floor_unary"),
         ("every_rule", "floor_addmany"),
+        ("addmany", "bullmq_addbulk"),
+        ("unary", "bullmq_add"),
+        ("floor_addmany", "bullmq_addbulk"),
+        ("floor_unary", "bullmq_add"),
     ] {
         if let Some(r) = ratio(a, b) {
             println!("{:<25} = {r:.2}", format!("{a} / {b}"));

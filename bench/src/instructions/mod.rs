@@ -53,8 +53,19 @@
 //! constants, small for that reason (halving them moved the per-item
 //! figures by about 1%).
 //!
-//! The figure is instructions per item (and per call). The floor shapes are
-//! printed but never checked. `--write PATH` writes the figures as a
+//! With `--peer`, two more shapes count the peer, BullMQ (bench/peer, whose
+//! packages must be installed: `npm ci` there): `bullmq_addbulk` and
+//! `bullmq_add` run `bench/peer/bullmq.mjs --count`, which adds jobs shaped
+//! like our items (a 15-byte name over 1,000 keys, a 25-byte id and a 32-byte
+//! payload) one call at a time, `addBulk` of 100 or `add`, after one job that
+//! loads BullMQ's scripts. Every command BullMQ sends is counted, its
+//! `EVALSHA`s and the rest. CPU time on a shared machine swings within
+//! minutes; instructions do not, so this gives the same-sitting comparison
+//! of `bench/peer/run` a second yardstick (instructions are not time: cache
+//! misses, which grow with what each side keeps, count in time only).
+//!
+//! The figure is instructions per item (and per call). The floor and peer
+//! shapes are printed but never checked. `--write PATH` writes the figures as a
 //! baseline (`bench/instructions.toml`); `--check PATH` compares with one
 //! and exits 1 when a checked shape rose more than [`MAX_RISE`] above it.
 //! Without either, the table compares with `bench/instructions.toml` when
@@ -68,6 +79,7 @@
 //! cargo run --bin batcher-bench -- instructions                     # the table
 //! cargo run --bin batcher-bench -- instructions --check bench/instructions.toml
 //! cargo run --bin batcher-bench -- instructions --write bench/instructions.toml
+//! (cd bench/peer && npm ci) && cargo run --bin batcher-bench -- instructions --peer
 //! ```
 //!
 //! With `BATCHER_CALLGRIND_KEEP=DIR` each dump is also copied to
@@ -94,8 +106,8 @@ use std::time::Instant;
 
 use baseline::{Baseline, MAX_RISE, print_table};
 use profiled::{Profiled, RedisBuild, check_tools};
-use routes::{run_floor, run_store};
-use shapes::{Policies, Route, SHAPES, Shape, policies};
+use routes::{run_floor, run_peer, run_store};
+use shapes::{PEER_SHAPES, Policies, Route, SHAPES, Shape, policies};
 
 /// Shapes run at once, each on its own Redis (callgrind keeps a process on
 /// one core, and each waits on its client between calls).
@@ -113,6 +125,11 @@ pub struct Opts {
     /// floor's) rose more than 3% above it.
     #[arg(long, value_name = "PATH")]
     check: Option<PathBuf>,
+    /// Also count BullMQ's `addBulk` and `add` (bench/peer, which must have
+    /// its packages: `npm ci` there, or one `bench/peer/run`): the peer in
+    /// instructions, beside the same sitting's CPU time.
+    #[arg(long, conflicts_with_all = ["write", "check"])]
+    peer: bool,
 }
 
 /// What a shape measured.
@@ -166,7 +183,11 @@ pub fn main(opts: Opts) -> ExitCode {
 
 async fn run(opts: Opts) -> ExitCode {
     let started = Instant::now();
-    let (measured, redis) = match measure_all().await {
+    let shapes: Vec<&Shape> = SHAPES
+        .iter()
+        .chain(PEER_SHAPES.iter().filter(|_| opts.peer))
+        .collect();
+    let (measured, redis) = match measure_all(&shapes).await {
         Ok(done) => done,
         Err(e) => {
             eprintln!("batcher-bench instructions: {e}");
@@ -222,13 +243,13 @@ fn repo_root() -> PathBuf {
 /// Runs every shape, each on fresh profiled Redis servers ([`PARALLEL`] at
 /// once: the counts do not depend on timing); also returns that Redis's
 /// version and build id.
-async fn measure_all() -> Result<(Vec<Measured>, RedisBuild), String> {
+async fn measure_all(shapes: &[&Shape]) -> Result<(Vec<Measured>, RedisBuild), String> {
     use futures::StreamExt;
     check_tools()?;
     let policies = policies()?;
-    let jobs = SHAPES
+    let jobs = shapes
         .iter()
-        .flat_map(|shape| std::iter::repeat_n(shape, shape.starts()));
+        .flat_map(|shape| std::iter::repeat_n(*shape, shape.starts()));
     let runs: Vec<_> = futures::stream::iter(jobs.map(|shape| measure(shape, &policies)))
         .buffered(PARALLEL)
         .collect()
@@ -236,7 +257,7 @@ async fn measure_all() -> Result<(Vec<Measured>, RedisBuild), String> {
     let mut runs = runs.into_iter();
     let mut measured = Vec::new();
     let mut build = None;
-    for shape in &SHAPES {
+    for shape in shapes {
         let mut mine = Vec::new();
         for run in runs.by_ref().take(shape.starts()) {
             let (m, b) = run?;
@@ -263,6 +284,7 @@ async fn measure(shape: &Shape, policies: &Policies) -> Result<(Measured, RedisB
     let m = match shape.route {
         Route::Store { rules } => run_store(&mut redis, shape, rules, policies).await?,
         Route::Floor => run_floor(&mut redis, shape, &policies.plain).await?,
+        Route::Peer { bulk } => run_peer(&mut redis, shape, bulk).await?,
     };
     eprintln!(
         "{:<14} {:>8.0} instructions per item ({:.1} s)",

@@ -225,3 +225,83 @@ pub(super) async fn run_floor(
         spread: None,
     })
 }
+
+/// A peer shape: BullMQ adding `shape.items` jobs, one call at a time, by
+/// `bench/peer/bullmq.mjs --count` against the profiled Redis. Counted from
+/// the script's `ready` (BullMQ's scripts loaded, one job added) to its exit.
+pub(super) async fn run_peer(
+    redis: &mut Profiled,
+    shape: &Shape,
+    bulk: bool,
+) -> Result<Measured, String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let peer = crate::repo_root().join("bench/peer");
+    if !peer.join("node_modules/bullmq").exists() {
+        return Err(format!(
+            "{}: BullMQ is not installed in {}: run `npm ci` there (or bench/peer/run once)",
+            shape.name,
+            peer.display()
+        ));
+    }
+    let port = redis
+        .url()
+        .rsplit(':')
+        .next()
+        .ok_or_else(|| format!("no port in {}", redis.url()))?
+        .to_string();
+    let mut child = tokio::process::Command::new("node")
+        .arg(peer.join("bullmq.mjs"))
+        .args(["--redis-port", &port, "--count", &shape.items.to_string()])
+        .args(["--mode", if bulk { "addBulk" } else { "add" }])
+        .args(["--bulk", &shape.per_call.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{}: cannot run node (scripts/ensure-node): {e}", shape.name))?;
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let name = shape.name;
+    async fn line(
+        lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+        name: &str,
+    ) -> Result<String, String> {
+        lines
+            .next_line()
+            .await
+            .map_err(|e| format!("{name}: reading bullmq.mjs: {e}"))?
+            .ok_or_else(|| format!("{name}: bullmq.mjs ended early"))
+    }
+    let ready = line(&mut lines, name).await?;
+    if ready != "ready" {
+        return Err(format!("{}: bullmq.mjs said {ready:?}", shape.name));
+    }
+    redis.dump().await?;
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin
+        .write_all(b"go\n")
+        .await
+        .map_err(|e| format!("{}: writing to bullmq.mjs: {e}", shape.name))?;
+    let done: serde_json::Value = serde_json::from_str(&line(&mut lines, name).await?)
+        .map_err(|e| format!("{}: bullmq.mjs's report: {e}", shape.name))?;
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| format!("{}: waiting for node: {e}", shape.name))?;
+    let instructions = redis.dump().await?;
+    let jobs = done["jobs"].as_u64().unwrap_or(0) as usize;
+    if !status.success() || jobs != shape.items {
+        return Err(format!(
+            "{}: bullmq.mjs added {jobs} of {} jobs ({status})",
+            shape.name, shape.items
+        ));
+    }
+    Ok(Measured {
+        name: shape.name,
+        checked: false,
+        items: jobs,
+        calls: done["calls"].as_u64().unwrap_or(0) as usize,
+        instructions,
+        batches: BTreeMap::new(),
+        spread: None,
+    })
+}
