@@ -92,6 +92,10 @@ end
 -- Looks up the flushed set's members member[1..n]: flushed_until[i] is
 -- when member i's dedup window ends, or false.
 local function lookup_flushed(flushed, n)
+  if n == 1 then
+    flushed_until[1] = call('ZSCORE', flushed, member[1])
+    return
+  end
   if n <= CHUNK then
     flushed_until = call('ZMSCORE', flushed, unpack(member, 1, n))
     return

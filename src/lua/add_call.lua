@@ -212,7 +212,11 @@ local function add(keys, args)
       if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
     end
   end
-  if due_set_n > 0 then chunked('ZADD', ctx.due, due_set, due_set_n) end
+  if due_set_n == 2 then
+    call('ZADD', ctx.due, due_set[1], due_set[2])
+  elseif due_set_n > 0 then
+    chunked('ZADD', ctx.due, due_set, due_set_n)
+  end
   if due_gone_n > 0 then chunked('ZREM', ctx.due, due_gone, due_gone_n) end
   finish(ctx)
   A = nil
