@@ -12,9 +12,10 @@
 -- (reason OVERFLOW, with the flush function, which declares its hash) and
 -- to add them again.
 --
--- The work is per group: one ZMSCORE checks every id of the call against
--- the flushed set, one HMGET per group reads its counters and which of the
--- call's ids it holds, and one HSET writes its new items and counters.
+-- The work is per group: one ZMSCORE (a call of one item: ZSCORE) checks
+-- every id of the call against the flushed set, one HMGET per group reads
+-- its counters and which of the call's ids it holds, and one HSET writes
+-- its new items and counters.
 -- Items added and flushed in one call never reach the group's hash.
 
 -- The call's ARGV, and where item i's arguments are: its group's number
