@@ -48,6 +48,15 @@ local function undated(i)
   return ext == '' or unpack_struct('<d', ext, 3) == 0
 end
 
+-- The due time of usual group g (policy p), opened now: recorded for the
+-- due set, and returned.
+local function opened_due(ctx, g, p)
+  local due_at = ctx.now + p.max_wait
+  due_set[due_set_n + 1], due_set[due_set_n + 2] = due_at, key[g]
+  due_set_n = due_set_n + 2
+  return due_at
+end
+
 -- Whether group g, whose policy is usual (see policy_of), is: the call
 -- brings it items with no flag and no deadline, at most MANY of them.
 local MANY = 64
@@ -77,7 +86,7 @@ local function add_usual_many(ctx, g, h, p)
   end
   local got = call('HMGET', h, unpack(fields, 1, c))
   local s, seq_n, size_n, bytes_n = got[1], 0, 0, 0
-  if s then seq_n, size_n, bytes_n = unpack_struct('<ddd', s) end
+  if s then seq_n, size_n, bytes_n = read_state(s, 0) end
   local seen, writes, w, b, n = {}, { STATE, false }, 2, bytes_n, size_n
   if not s then writes[3], writes[4], w = OPENED, now_text(ctx), 4 end
   i = first_arrival[g]
@@ -95,13 +104,9 @@ local function add_usual_many(ctx, g, h, p)
   end
   if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then return false end
   if n == size_n then return 0 end
-  writes[2] = pack('<dddd', seq_n, n, b, ctx.now)
+  writes[2] = state(seq_n, n, b, ctx.now, 0)
   call('HSET', h, unpack(writes, 1, w))
-  if s then return 0 end
-  local due_at = ctx.now + p.max_wait
-  due_set[due_set_n + 1], due_set[due_set_n + 2] = due_at, key[g]
-  due_set_n = due_set_n + 2
-  return due_at
+  return s and 0 or opened_due(ctx, g, p)
 end
 
 -- Takes item i, the only one of usual group g (hash h, policy p): what
@@ -143,10 +148,7 @@ local function add_usual(ctx, g, i, h, p)
     return 0
   end
   call('HSET', h, STATE, state_s, OPENED, now_text(ctx), field, item)
-  local due_at = ctx.now + p.max_wait
-  due_set[due_set_n + 1], due_set[due_set_n + 2] = due_at, key[g]
-  due_set_n = due_set_n + 2
-  return due_at
+  return opened_due(ctx, g, p)
 end
 
 -- Takes a call whose n groups each get one item without flags (item g is
@@ -212,11 +214,7 @@ local function add(keys, args)
       if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
     end
   end
-  if due_set_n == 2 then
-    call('ZADD', ctx.due, due_set[1], due_set[2])
-  elseif due_set_n > 0 then
-    chunked('ZADD', ctx.due, due_set, due_set_n)
-  end
+  if due_set_n > 0 then chunked('ZADD', ctx.due, due_set, due_set_n) end
   if due_gone_n > 0 then chunked('ZREM', ctx.due, due_gone, due_gone_n) end
   finish(ctx)
   A = nil

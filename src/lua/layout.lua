@@ -101,6 +101,9 @@ local doubles = memo(function(count) return '<' .. rep('d', count) end, 128)
 -- Calls `cmd key ...list` (its first `count`, or all) in chunks of CHUNK.
 local function chunked(cmd, key, list, count)
   count = count or #list
+  -- The usual lists of one or two (a due time and its key), without unpack.
+  if count == 1 then return call(cmd, key, list[1]) end
+  if count == 2 then return call(cmd, key, list[1], list[2]) end
   for i = 1, count, CHUNK do
     call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, count)))
   end
