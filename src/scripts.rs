@@ -35,6 +35,9 @@ const FILES: [&str; 6] = [
 pub enum Function {
     /// Adds items to the open groups of one shard (`add.lua`, `add_call.lua`).
     Add,
+    /// Adds items to the open groups of several shards of one Redis (not a
+    /// cluster), one section per shard (`add_call.lua`).
+    AddShards,
     /// Flushes one group, by due time or by request.
     Flush,
     /// Removes one item from its open group.
@@ -50,8 +53,9 @@ pub enum Function {
 }
 
 impl Function {
-    const ALL: [(Function, &'static str); 7] = [
+    const ALL: [(Function, &'static str); 8] = [
         (Function::Add, "add"),
+        (Function::AddShards, "add_shards"),
         (Function::Flush, "flush"),
         (Function::Remove, "remove"),
         (Function::Group, "group"),

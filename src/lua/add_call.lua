@@ -224,3 +224,35 @@ local function add(keys, args)
   out[3 * n + 2 + room_n] = nil
   return out
 end
+
+-- add_shards: the add function for several shards of one Redis (never a
+-- cluster, where their keys are in different slots) in one call, so that
+-- a round of few adds per shard costs Redis one call, not one per shard.
+-- Each section is one shard's add call, as above, run in order.
+--
+-- KEYS: each section's KEYS, one section after another.
+-- ARGV[1]: struct '<d' .. 'dd' * n: n, the count of sections, then per
+--   section the counts of its KEYS and of its ARGV.
+-- ARGV[2..]: each section's ARGV, one section after another.
+-- Returns: per section, add's reply to it.
+local function add_shards(keys, args)
+  local n = unpack_struct('<d', args[1])
+  local counts = { unpack_struct(doubles(2 * n), args[1], 9) }
+  local replies, k, a = {}, 0, 1
+  for s = 1, n do
+    local section_keys, section_args = {}, {}
+    for j = 1, counts[2 * s - 1] do section_keys[j] = keys[k + j] end
+    for j = 1, counts[2 * s] do section_args[j] = args[a + j] end
+    k, a = k + counts[2 * s - 1], a + counts[2 * s]
+    local reply = add(section_keys, section_args)
+    if type(reply) == 'table' then
+      -- add's table is reused by the next section: keep a copy, up to the
+      -- nil that ends it.
+      local copy, j = {}, 1
+      while reply[j] ~= nil do copy[j], j = reply[j], j + 1 end
+      reply = copy
+    end
+    replies[s] = reply
+  end
+  return replies
+end

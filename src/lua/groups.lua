@@ -195,5 +195,5 @@ local function retime(keys, args)
   return latest
 end
 
-return { add = add, flush = flush, remove = remove, group = group, due = due_scan,
+return { add = add, add_shards = add_shards, flush = flush, remove = remove, group = group, due = due_scan,
   retime = retime, open_stats = open_stats }

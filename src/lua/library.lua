@@ -15,6 +15,7 @@ local function entry(verb)
 end
 
 redis.register_function('batcher_add_' .. VERSION, entry('add'))
+redis.register_function('batcher_add_shards_' .. VERSION, entry('add_shards'))
 redis.register_function('batcher_flush_' .. VERSION, entry('flush'))
 redis.register_function('batcher_remove_' .. VERSION, entry('remove'))
 redis.register_function('batcher_retime_' .. VERSION, entry('retime'))

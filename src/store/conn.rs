@@ -318,6 +318,18 @@ pub(super) async fn invoke<T: FromRedisValue>(
     args: Vec<Vec<u8>>,
 ) -> Result<T> {
     debug_assert_one_slot(keys);
+    invoke_on_one_node(conn, wait, code, keys, args).await
+}
+
+/// [`invoke`] for a call whose keys may span slots: only on one Redis,
+/// never a cluster (the add function's sections of several shards).
+pub(super) async fn invoke_on_one_node<T: FromRedisValue>(
+    conn: &Conn,
+    wait: Option<WaitReplicas>,
+    code: Code<'_>,
+    keys: &[&str],
+    args: Vec<Vec<u8>>,
+) -> Result<T> {
     let mut conn = conn.clone();
     if let Some(wait) = wait {
         return invoke_and_wait(&mut conn, wait, code, keys, args).await;

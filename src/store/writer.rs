@@ -3,12 +3,13 @@
 //! load many small requests share one call.
 //!
 //! On one Redis, [`LANES`] writers serve the shards in rounds
-//! ([`run_rounds`]): a round sends one call per shard of its lane with
-//! jobs, all at once on the shared connection, and the next round takes
-//! what queued while it was in flight. The calls of a round travel in few
-//! packets and their replies come back together, so Redis and the service
-//! each pay for fewer, fuller calls. On
-//! a cluster each shard has a writer of its own ([`AddWriter::run`]), so a
+//! ([`run_rounds`]): a round sends the jobs of every shard of its lane in
+//! one call (`add_shards`, a section per shard; more calls only past
+//! `MERGE_LIMIT` items), and the next round takes what queued while it was
+//! in flight. Redis then pays its fixed cost of a call once per round, not
+//! once per shard: under many callers of one add each, a call carries the
+//! round's adds of all its shards. On a cluster each shard has a writer of
+//! its own ([`AddWriter::run`]), whose calls stay in its shard's slot, so a
 //! slow or failing node holds up only the shards it serves.
 
 use std::collections::VecDeque;
@@ -21,7 +22,7 @@ use futures::future::join_all;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
-use super::conn::{Code, Conn, WaitReplicas, invoke};
+use super::conn::{Code, Conn, WaitReplicas, invoke, invoke_on_one_node};
 use super::decode::{AddReply, ItemReply};
 use super::job::{AddJob, NewItem, ShardReply, Slot, Waiting, writer_gone};
 use super::{AddArgs, Result, StoreError};
@@ -127,26 +128,28 @@ impl AddWriter {
     /// order, and answers each job with its part of the results.
     async fn answer(&self, batch: Vec<AddJob>) {
         let items: Vec<&NewItem> = batch.iter().flat_map(|job| job.items.iter()).collect();
-        match self.call(&items).await {
-            Ok((earliest, results)) => {
-                let mut results = results.into_iter();
-                for job in batch {
-                    let mine = results.by_ref().take(job.items.len()).collect();
-                    // A caller that went away no longer needs its reply.
-                    let _ = job.reply.send(Ok((earliest, mine)));
-                }
-            }
-            Err(err) => {
-                for job in batch {
-                    let _ = job.reply.send(Err(err.clone()));
-                }
-            }
-        }
+        let reply = self.call(&items).await;
+        drop(items);
+        reply_jobs(batch, reply);
     }
 
-    /// One add function call for `items`, all of this shard, in order. The
-    /// batches it flushed are recorded in the metrics, and traced.
+    /// One add function call for `items`, all of this shard, in order.
     async fn call(&self, items: &[&NewItem]) -> Result<ShardReply> {
+        let (keys, args) = self.args(items);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let reply: AddReply = invoke(
+            &self.conn,
+            self.wait,
+            Code::Function(Function::Add),
+            &keys,
+            args,
+        )
+        .await?;
+        self.results(items, reply)
+    }
+
+    /// The add function's KEYS and ARGV for `items`, all of this shard.
+    fn args(&self, items: &[&NewItem]) -> (Vec<String>, Vec<Vec<u8>>) {
         let open_limit = self.open_limit.load(Ordering::Relaxed);
         let mut args = AddArgs::new(&self.keys, self.shard, self.dedup).with_open_limit(open_limit);
         for new in items {
@@ -158,16 +161,12 @@ impl AddWriter {
                 new.requeue_of.as_deref(),
             );
         }
-        let (keys, args) = args.into_parts();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let reply: AddReply = invoke(
-            &self.conn,
-            self.wait,
-            Code::Function(Function::Add),
-            &keys,
-            args,
-        )
-        .await?;
+        args.into_parts()
+    }
+
+    /// The results of `items` from the add function's reply to them. The
+    /// batches it flushed are recorded in the metrics, and traced.
+    fn results(&self, items: &[&NewItem], reply: AddReply) -> Result<ShardReply> {
         let earliest = reply.earliest;
         let (replies, rooms) = reply
             .split(items.len())
@@ -213,6 +212,74 @@ impl AddWriter {
     }
 }
 
+/// A shard's writer and the jobs of its next call.
+type ShardBatch<'a> = (&'a AddWriter, Vec<AddJob>);
+
+/// Answers each job of `batch` with its part of `reply`, in order.
+fn reply_jobs(batch: Vec<AddJob>, reply: Result<ShardReply>) {
+    match reply {
+        Ok((earliest, results)) => {
+            let mut results = results.into_iter();
+            for job in batch {
+                let mine = results.by_ref().take(job.items.len()).collect();
+                // A caller that went away no longer needs its reply.
+                let _ = job.reply.send(Ok((earliest, mine)));
+            }
+        }
+        Err(err) => {
+            for job in batch {
+                let _ = job.reply.send(Err(err.clone()));
+            }
+        }
+    }
+}
+
+/// One call of the add function's `add_shards` for several shards' batches
+/// (writer and jobs), each shard a section, each batch answered as
+/// [`AddWriter::answer`] would. One Redis only: the sections' keys are in
+/// different slots.
+async fn answer_shards(parts: Vec<ShardBatch<'_>>) {
+    let items: Vec<Vec<&NewItem>> = parts
+        .iter()
+        .map(|(_, batch)| batch.iter().flat_map(|job| job.items.iter()).collect())
+        .collect();
+    let mut counts = vec![parts.len() as f64];
+    let mut keys = Vec::new();
+    let mut args = vec![Vec::new()];
+    for ((writer, _), items) in parts.iter().zip(&items) {
+        let (k, a) = writer.args(items);
+        counts.extend([k.len() as f64, a.len() as f64]);
+        keys.extend(k);
+        args.extend(a);
+    }
+    args[0] = counts.into_iter().flat_map(f64::to_le_bytes).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let (conn, wait) = (&parts[0].0.conn, parts[0].0.wait);
+    let code = Code::Function(Function::AddShards);
+    let replies: Result<Vec<AddReply>> = invoke_on_one_node(conn, wait, code, &keys, args).await;
+    let replies = replies.and_then(|replies| {
+        if replies.len() == parts.len() {
+            Ok(replies)
+        } else {
+            Err(DecodeError("add_shards: not one reply per section".into()).into())
+        }
+    });
+    let replies: Vec<Result<AddReply>> = match replies {
+        Ok(replies) => replies.into_iter().map(Ok).collect(),
+        Err(err) => parts.iter().map(|_| Err(err.clone())).collect(),
+    };
+    let results: Vec<Result<ShardReply>> = parts
+        .iter()
+        .zip(&items)
+        .zip(replies)
+        .map(|(((writer, _), items), reply)| writer.results(items, reply?))
+        .collect();
+    drop(items);
+    for ((_, batch), reply) in parts.into_iter().zip(results) {
+        reply_jobs(batch, reply);
+    }
+}
+
 /// How many round writers share one Redis's shards (shard `s` is in lane
 /// `s % LANES`): while one lane's replies are answered and its next round
 /// gathers, another lane's round keeps Redis busy.
@@ -221,9 +288,11 @@ pub(super) const LANES: u16 = 2;
 /// The writer of one lane of shards on one Redis (see the module docs):
 /// each round takes the jobs that queued while the last one was in flight,
 /// up to `MERGE_LIMIT` items a shard (a shard's further jobs wait, in
-/// order, for the next round), and sends one call per shard with jobs, all
-/// at once. `writers` holds one per shard of the lane, in shard order; they
-/// only make the calls.
+/// order, for the next round), and sends them all at once: one call of
+/// the shards' batches together while they hold at most `MERGE_LIMIT`
+/// items, a plain add call for a shard alone. `writers` holds one per
+/// shard of the lane, in shard order; they build each shard's arguments
+/// and read its replies.
 pub(super) async fn run_rounds(writers: Vec<AddWriter>, mut jobs: mpsc::UnboundedReceiver<AddJob>) {
     let mut waiting: Vec<VecDeque<AddJob>> = writers.iter().map(|_| VecDeque::new()).collect();
     let at = |job: &AddJob| usize::from(job.shard / LANES);
@@ -241,7 +310,9 @@ pub(super) async fn run_rounds(writers: Vec<AddWriter>, mut jobs: mpsc::Unbounde
             queued += 1;
         }
         let now = Instant::now();
-        let mut calls = Vec::new();
+        // The round's calls, each a list of shards' batches of at most
+        // MERGE_LIMIT items in all (unless one batch alone is larger).
+        let mut calls: Vec<(usize, Vec<ShardBatch>)> = Vec::new();
         for (writer, queue) in writers.iter().zip(&mut waiting) {
             let mut batch = Vec::new();
             let mut total = 0;
@@ -254,10 +325,25 @@ pub(super) async fn run_rounds(writers: Vec<AddWriter>, mut jobs: mpsc::Unbounde
                     batch.push(job);
                 }
             }
-            if !batch.is_empty() {
-                calls.push(writer.answer(batch));
+            if batch.is_empty() {
+                continue;
+            }
+            match calls.last_mut() {
+                Some((items, parts)) if *items + total <= MERGE_LIMIT => {
+                    *items += total;
+                    parts.push((writer, batch));
+                }
+                _ => calls.push((total, vec![(writer, batch)])),
             }
         }
-        join_all(calls).await;
+        join_all(calls.into_iter().map(|(_, mut parts)| async move {
+            if parts.len() == 1 {
+                let (writer, batch) = parts.remove(0);
+                writer.answer(batch).await;
+            } else {
+                answer_shards(parts).await;
+            }
+        }))
+        .await;
     }
 }

@@ -4,7 +4,8 @@
 //! lost; a client's shorter `grpc-timeout` is honoured; an add whose
 //! deadline passed while it queued behind a call in flight is never written;
 //! adds that queued behind a call in flight go out in the next rounds, at
-//! most 1000 items a call and each part whole.
+//! most 1000 items a call and each part whole, the shards of a round in one
+//! call.
 
 use std::time::{Duration, Instant};
 
@@ -298,6 +299,96 @@ async fn queued_parts_go_out_in_rounds_of_at_most_1000_items() {
     let mut expected = vec!["warm".to_string(), "first".to_string()];
     expected.extend((0..3).flat_map(ids));
     assert_eq!(held, expected);
+}
+
+/// Adds of several shards of one lane that queue behind a call in flight go
+/// out in one add call, a section per shard: four keys of the two shards of
+/// lane 0, queued behind a hung Redis, take one more call, not two, and
+/// each group holds its own items and no other's.
+#[tokio::test]
+async fn one_round_sends_its_shards_in_one_call() {
+    let redis = RedisServer::start();
+    let mut config = config(&redis.url(), "");
+    config.redis.response_timeout = Duration::from_secs(30);
+    let store = std::sync::Arc::new(store(&config));
+    // Two keys of shard 0 and two of shard 2: the tests' 4 shards make
+    // lane 0 of shards 0 and 2.
+    let keyspace = store.keyspace();
+    let keys: Vec<String> = [0u16, 0, 2, 2]
+        .iter()
+        .enumerate()
+        .map(|(nth, &shard)| {
+            (0..10_000)
+                .map(|n| format!("area-{n}"))
+                .filter(|key| keyspace.shard_of(key) == shard)
+                .nth(nth % 2)
+                .expect("a key of the shard")
+        })
+        .collect();
+    let adds = |key: &str, ids: &[&str]| -> Vec<NewItem> {
+        let item = |id: &&str| NewItem {
+            key: key.into(),
+            item: Item::new(*id, ""),
+            policy: Policy::basic(3, Duration::from_secs(3600), None),
+            close: false,
+            requeue_of: None,
+        };
+        ids.iter().map(item).collect()
+    };
+    store.add(adds(&keys[0], &["warm"])).await.unwrap();
+    let calls = command_calls(&redis, &["fcall"]);
+
+    let paused = Paused::new(&redis);
+    let ahead = tokio::spawn({
+        let (store, first) = (store.clone(), adds(&keys[0], &["first"]));
+        async move { store.add(first).await }
+    });
+    eventually("the call ahead to reach the stopped Redis", || async {
+        unread_by_redis(redis.port()).then_some(())
+    })
+    .await;
+    // Each key gets two items; the first key's group fills (3) and flushes.
+    let queued: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let items = adds(key, &[&format!("{key}-a"), &format!("{key}-b")]);
+            let store = store.clone();
+            tokio::spawn(async move { store.add(items).await })
+        })
+        .collect();
+    // This test's runtime has one thread: a yield runs the tasks up to
+    // their wait for the writer, so all of them are queued.
+    tokio::task::yield_now().await;
+    drop(paused);
+
+    ahead.await.unwrap().expect("the call ahead lands");
+    let mut flushed = Vec::new();
+    for add in queued {
+        let report = add.await.unwrap().expect("a queued add lands");
+        assert_eq!(report.results.len(), 2);
+        flushed.extend(report.results.into_iter().flat_map(|r| r.flushed));
+    }
+    assert_eq!(
+        command_calls(&redis, &["fcall"]) - calls,
+        2,
+        "the call ahead alone, then both shards in one call"
+    );
+    let ids = |items: &[Item]| -> Vec<String> {
+        (items.iter())
+            .map(|i| String::from_utf8_lossy(&i.id).into_owned())
+            .collect()
+    };
+    assert_eq!(flushed.len(), 1, "the first key's group filled");
+    assert_eq!(flushed[0].key, keys[0]);
+    let first = format!("{}-a", keys[0]);
+    assert_eq!(ids(&flushed[0].items), ["warm", "first", first.as_str()]);
+    let rest = format!("{}-b", keys[0]);
+    let group = store.group(&keys[0]).await.unwrap().expect("an open group");
+    assert_eq!(ids(&group.items), [rest]);
+    for key in &keys[1..] {
+        let group = store.group(key).await.unwrap().expect("an open group");
+        assert_eq!(ids(&group.items), [format!("{key}-a"), format!("{key}-b")]);
+    }
 }
 
 /// Whether a connection to the Redis on `port` holds bytes Redis has not
