@@ -1,5 +1,5 @@
 //! The Lua. Open groups are read and written by one library of Redis
-//! Functions, the only code that knows a group's layout (format 2, see
+//! Functions, the only code that knows a group's layout (format 3, see
 //! `src/lua/layout.lua`) and decides when a group is due (on Redis `TIME`).
 //! It is loaded once per node with `FUNCTION LOAD` and called with `FCALL`,
 //! so a call runs only its function, not a script body that makes its
