@@ -177,8 +177,8 @@ local function add_each(ctx, keys, args, np, at, step, n)
   return earliest
 end
 
-local function add(keys, args)
-  local now = now_ms()
+local function add(keys, args, now)
+  now = now or now_ms()
   local h = header_of(args[1])
   local np, ng, shape = h.np, h.ng, h.shape
   local ctx = context(keys[1], keys[2], keys[3], h.dedup, now)
@@ -228,7 +228,9 @@ end
 -- add_shards: the add function for several shards of one Redis (never a
 -- cluster, where their keys are in different slots) in one call, so that
 -- a round of few adds per shard costs Redis one call, not one per shard.
--- Each section is one shard's add call, as above, run in order.
+-- Each section is one shard's add call, as above, run in order, all on
+-- one reading of Redis's clock (TIME costs Redis about a tenth of a
+-- one-item call).
 --
 -- KEYS: each section's KEYS, one section after another.
 -- ARGV[1]: struct '<d' .. 'dd' * n: n, the count of sections, then per
@@ -236,7 +238,7 @@ end
 -- ARGV[2..]: each section's ARGV, one section after another.
 -- Returns: per section, add's reply to it.
 local function add_shards(keys, args)
-  local n = unpack_struct('<d', args[1])
+  local n, now = unpack_struct('<d', args[1]), now_ms()
   local counts = { unpack_struct(doubles(2 * n), args[1], 9) }
   local replies, k, a = {}, 0, 1
   for s = 1, n do
@@ -244,7 +246,7 @@ local function add_shards(keys, args)
     for j = 1, counts[2 * s - 1] do section_keys[j] = keys[k + j] end
     for j = 1, counts[2 * s] do section_args[j] = args[a + j] end
     k, a = k + counts[2 * s - 1], a + counts[2 * s]
-    local reply = add(section_keys, section_args)
+    local reply = add(section_keys, section_args, now)
     if type(reply) == 'table' then
       -- add's table is reused by the next section: keep a copy, up to the
       -- nil that ends it.

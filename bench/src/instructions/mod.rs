@@ -37,6 +37,13 @@
 //!   max_items 10, max_wait 1 h (groups flush by SIZE, as in production);
 //! - `unary`: the first [`UNARY_ITEMS`](shapes::UNARY_ITEMS) of the same
 //!   items, one per call;
+//! - `rounds`: the same items as `unary`, [`ROUND_ITEMS`](shapes::ROUND_ITEMS)
+//!   to a call of the store over a keyspace of
+//!   [`ROUND_SHARDS`](shapes::ROUND_SHARDS) shards, the service's default:
+//!   the shape of unary adds under load, whose round writers send each
+//!   lane's shards in one `add_shards` call (the runtime here has one
+//!   thread, so every part of a store call is queued before a writer
+//!   runs: two calls, one per lane, each a section per shard);
 //! - `every_rule`: as `addmany`, under scenario 11's policy with every rule
 //!   on ([`RULES_CONFIG`](crate::policies::RULES_CONFIG), parsed by the
 //!   service's own config code) and its parcels: a weight and a volume on

@@ -30,10 +30,10 @@ async fn flushall(conn: &mut MultiplexedConnection) -> Result<(), String> {
         .map_err(|e| format!("FLUSHALL: {e}"))
 }
 
-/// The keyspace of every shape: one shard, so that one `Store::add` is one
-/// script call.
-fn keyspace() -> Keyspace {
-    Keyspace::new("ins", 1)
+/// The keyspace of a shape of `shards` shards: one for all but `rounds`,
+/// so that one `Store::add` is one script call.
+fn keyspace(shards: u16) -> Keyspace {
+    Keyspace::new("ins", shards)
 }
 
 /// Milliseconds since the Unix epoch, on the host clock.
@@ -42,14 +42,14 @@ fn now_ms() -> u64 {
 }
 
 /// A store on the profiled Redis, under the shapes' policies.
-fn open_store(redis: &Profiled, policies: &Policies) -> Result<Store, String> {
+fn open_store(redis: &Profiled, policies: &Policies, shards: u16) -> Result<Store, String> {
     let timeouts = Timeouts {
         connect: Duration::from_secs(30),
         response: Duration::from_secs(300),
     };
     Store::open(
         &RedisTarget::single(redis.url(), timeouts),
-        keyspace(),
+        keyspace(shards),
         policies.dedup,
         policies.handle.clone(),
     )
@@ -78,7 +78,7 @@ pub(super) async fn run_store(
     rules: bool,
     policies: &Policies,
 ) -> Result<Measured, String> {
-    let store = open_store(redis, policies)?;
+    let store = open_store(redis, policies, shape.shards)?;
     let policy = if rules {
         &policies.rules
     } else {
@@ -150,7 +150,7 @@ pub(super) async fn run_floor(
     policy: &Policy,
 ) -> Result<Measured, String> {
     let mut conn = connection(redis.url()).await?;
-    let shard = keyspace().shard(0);
+    let shard = keyspace(1).shard(0);
     let max_wait_ms = policy.max_wait.as_millis() as u64;
     let call = |draws: &[Draw], keys: &dyn Fn(u64) -> String| {
         let mut invocation = FLOOR.prepare_invoke();
@@ -160,7 +160,7 @@ pub(super) async fn run_floor(
         for draw in draws {
             let next = groups.len() + 1;
             let index = *groups.entry(draw.key).or_insert_with(|| {
-                invocation.key(keyspace().group(0, &keys(draw.key)));
+                invocation.key(keyspace(1).group(0, &keys(draw.key)));
                 next
             });
             args.push((index, draw));

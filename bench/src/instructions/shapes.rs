@@ -40,6 +40,9 @@ pub(super) struct Shape {
     pub(super) route: Route,
     pub(super) items: usize,
     pub(super) per_call: usize,
+    /// Shards of its keyspace: 1, so that a call of the store is one add
+    /// call, but for `rounds`.
+    pub(super) shards: u16,
 }
 
 impl Shape {
@@ -64,36 +67,53 @@ impl Shape {
     }
 }
 
-pub(super) const SHAPES: [Shape; 5] = [
+/// Items of each store call of `rounds`, over [`ROUND_SHARDS`] shards.
+pub(super) const ROUND_ITEMS: usize = 16;
+/// Shards of `rounds`: the service's default.
+pub(super) const ROUND_SHARDS: u16 = 16;
+
+pub(super) const SHAPES: [Shape; 6] = [
     Shape {
         name: "addmany",
         route: Route::Store { rules: false },
         items: ITEMS,
         per_call: PER_CALL,
+        shards: 1,
     },
     Shape {
         name: "unary",
         route: Route::Store { rules: false },
         items: UNARY_ITEMS,
         per_call: 1,
+        shards: 1,
+    },
+    Shape {
+        name: "rounds",
+        route: Route::Store { rules: false },
+        items: UNARY_ITEMS,
+        per_call: ROUND_ITEMS,
+        shards: ROUND_SHARDS,
     },
     Shape {
         name: "every_rule",
         route: Route::Store { rules: true },
         items: ITEMS,
         per_call: PER_CALL,
+        shards: 1,
     },
     Shape {
         name: "floor_addmany",
         route: Route::Floor,
         items: ITEMS,
         per_call: PER_CALL,
+        shards: 1,
     },
     Shape {
         name: "floor_unary",
         route: Route::Floor,
         items: UNARY_ITEMS,
         per_call: 1,
+        shards: 1,
     },
 ];
 
@@ -113,12 +133,14 @@ pub(super) const PEER_SHAPES: [Shape; 2] = [
         route: Route::Peer { bulk: true },
         items: PEER_JOBS,
         per_call: PER_CALL,
+        shards: 1,
     },
     Shape {
         name: "bullmq_add",
         route: Route::Peer { bulk: false },
         items: PEER_UNARY_JOBS,
         per_call: 1,
+        shards: 1,
     },
 ];
 
