@@ -21,11 +21,12 @@ use crate::batch::FlushReason;
 pub const FORMAT: u32 = 3;
 
 /// The library's files, in the order they are joined into its body.
-const FILES: [&str; 6] = [
+const FILES: [&str; 7] = [
     include_str!("lua/layout.lua"),
     include_str!("lua/batches.lua"),
     include_str!("lua/limits.lua"),
     include_str!("lua/add.lua"),
+    include_str!("lua/add_ruled.lua"),
     include_str!("lua/add_call.lua"),
     include_str!("lua/groups.lua"),
 ];
@@ -33,7 +34,8 @@ const FILES: [&str; 6] = [
 /// A function of the library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Function {
-    /// Adds items to the open groups of one shard (`add.lua`, `add_call.lua`).
+    /// Adds items to the open groups of one shard (`add.lua`, `add_ruled.lua`,
+    /// `add_call.lua`).
     Add,
     /// Adds items to the open groups of several shards of one Redis (not a
     /// cluster), one section per shard (`add_call.lua`).

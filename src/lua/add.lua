@@ -2,9 +2,10 @@
 -- this same atomic step when an item completes it (max_items, max_bytes, a
 -- capacity reached, close), and before an item when the item would not fit
 -- its capacity or the group's cutoff has passed. This file holds the
--- call's arguments and state and the general path of a group; add_call.lua
--- the function itself, its arguments and reply in full, and the usual path
--- most groups take.
+-- call's arguments and state and the general path of a group;
+-- add_ruled.lua the path of a group under rules or a capacity that the
+-- call brings one item; add_call.lua the function itself, its arguments
+-- and reply in full, and the usual path most plain groups take.
 --
 -- A group that would open past a limit on open groups (see limits.lua) is
 -- not opened: its items are refused, or, when its policy's overflow flushes

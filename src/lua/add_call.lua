@@ -166,7 +166,12 @@ local function add_each(ctx, keys, args, np, at, step, n)
   for g = 1, n do
     local p = one or policy_of(args[1 + num(args[at + step * (g - 1) + 1])])
     local h = keys[4 + g]
-    local due_at = p.usual and (not EXT_AT or undated(g)) and add_usual(ctx, g, g, h, p)
+    local due_at = false
+    if p.usual then
+      due_at = (not EXT_AT or undated(g)) and add_usual(ctx, g, g, h, p)
+    elseif p.ruled then
+      due_at = add_ruled(ctx, g, g, h, p)
+    end
     if not due_at then
       start_group(g, h, key[g], p)
       first_arrival[g], last_arrival[g], next_arrival[g], close[g], requeue_of[g] = g, g, false, false, false
@@ -209,6 +214,8 @@ local function add(keys, args, now)
         else
           due_at = add_usual(ctx, g, i, hash[g], p)
         end
+      elseif p.ruled and not (next_arrival[i] or close[i] or requeue_of[i]) then
+        due_at = add_ruled(ctx, g, i, hash[g], p)
       end
       if not due_at then due_at = general(ctx, g, keys[5 + ng]) end
       if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end

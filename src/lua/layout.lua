@@ -236,5 +236,9 @@ local policy_of = memo(function(blob)
     -- No rules, no capacity, no limit on open groups and no min_items: the
     -- policy whose one-item groups add.lua's usual path takes.
     usual = idle == 0 and c1 == 0 and lead == 0 and age == 0 and k == 0 and groups == 0
-      and global == 0 and min_items == 0 }
+      and global == 0 and min_items == 0,
+    -- Rules, a capacity or min_items, and no limit on open groups: the
+    -- policy whose one-item groups add_ruled.lua's path takes.
+    ruled = not (idle == 0 and c1 == 0 and lead == 0 and age == 0 and k == 0 and min_items == 0)
+      and groups == 0 and global == 0 }
 end, 256)

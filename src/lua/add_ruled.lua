@@ -1,0 +1,142 @@
+-- The ruled path: a group whose policy has due rules or a capacity (not
+-- usual, see policy_of) and no limit on open groups, which the call brings
+-- one item without flags. It does what read_group, take and write_group do
+-- for that item, on locals: one HMGET of the group's counters, measures,
+-- rules and the item's id, then one HSET, or a flush. A group it cannot
+-- take so (the item alone completes a new group, a due time has passed, a
+-- reload changed the group's measures or rules, a deadline under a policy
+-- with no rules) goes to the general path before anything is written.
+
+-- The rules and sums of the group in hand: one table each for every call.
+local RULED_RULES, RULED_SUMS = set_rules(nil, 0, 0, 0, 0, 0, 0, 0, 0), {}
+
+-- Flushes group g (key as add set it, hash h, policy p): the `count`
+-- items its hash holds, then item i with sequence number seq when given.
+local function ruled_flush(ctx, g, h, p, count, i, seq, reason)
+  hash[g], policy[g], stored[g], rules_read[g], rules[g] = h, p, count, true, false
+  first_pending[g], last_pending[g] = i, i
+  if i then next_pending[i], item_seq[i] = false, seq end
+  return flush_open(ctx, g, reason, false)
+end
+
+-- Records group g's new due time t for the due set, and returns it.
+local function ruled_due(g, t)
+  due_set[due_set_n + 1], due_set[due_set_n + 2] = t, key[g]
+  due_set_n = due_set_n + 2
+  return t
+end
+
+-- The rules (x, and the due time they give) of a group that policy p
+-- opens now with an item whose deadline is `deadline` (0: none). Those of
+-- an item with none are the same for every group p opens in a call, and
+-- made once: p keeps them with the clock they were made at.
+local function opening_rules(p, deadline, now)
+  if deadline == 0 and p.opened_at == now then return p.opening_x, p.opening_due end
+  local c = p.cutoff
+  if c > 0 and c <= now then c = p.next_cutoff end
+  local r = set_rules(RULED_RULES, p.max_wait, p.max_idle, c, p.lead, p.max_age, deadline, now, 0)
+  r.due = due_of(r, now, 1, p.min_items, now)
+  local x = rules_field(r)
+  if deadline == 0 then p.opened_at, p.opening_x, p.opening_due = now, x, r.due end
+  return x, r.due
+end
+
+-- Opens group g (hash h, policy p) with item i. When the group holds
+-- `size` items (the last sequence number seq) that i does not fit beside,
+-- flushes them first (CAPACITY). Returns the due time it set, or false,
+-- having written nothing, when the item alone would complete the group.
+local function ruled_open(ctx, g, i, h, p, size, seq)
+  local a, k, now, sums = B + S * i, p.k, ctx.now, RULED_SUMS
+  local ext, payload = EXT_AT and A[a + EXT_AT] or '', A[a + PAYLOAD_AT]
+  local deadline, v = item_values(ext, k)
+  if p.plain and deadline > 0 or p.max_items <= 1 or p.max_bytes > 0 and #payload >= p.max_bytes then
+    return false
+  end
+  for j = 1, k do
+    local t = v and v[j] or 0
+    if t >= p.limits[j] then return false end
+    sums[j] = t
+  end
+  local batches = size > 0 and ruled_flush(ctx, g, h, p, size, false, 0, REASON.CAPACITY)
+  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 1, batches
+  local w, n = WRITES, 6
+  w[1], w[2] = STATE, state(seq + 1, 1, #payload, now, k, sums)
+  w[3], w[4] = OPENED, now_text(ctx)
+  w[5], w[6] = A[a + ID_AT], item_value(ext, seq + 1, payload)
+  if k > 0 then w[7], w[8], n = FIELD.names, p.dictionary, 8 end
+  local due_at = now + p.max_wait
+  if not p.plain then
+    w[n + 1], w[n + 2], due_at = FIELD.rules, opening_rules(p, deadline, now)
+    n = n + 2
+  end
+  call('HSET', h, unpack(w, 1, n))
+  return ruled_due(g, due_at)
+end
+
+-- Writes item i (id, its hash value item) and group g's counters s when
+-- the item may bring its due time earlier (its deadline, or min_items
+-- reached at n items): the group's rules x recomputed, and written too.
+local function ruled_rearm(ctx, g, h, p, x, s, id, item, n, deadline)
+  local r, due_at = read_rules(x, RULED_RULES), 0
+  if deadline > 0 and (r.deadline == 0 or deadline < r.deadline) then r.deadline = deadline end
+  local t = due_of(r, ctx.now, n, p.min_items, ctx.now)
+  if t < r.due then r.due, due_at = t, ruled_due(g, t) end
+  call('HSET', h, STATE, s, FIELD.rules, rules_field(r), id, item)
+  return due_at
+end
+
+-- Takes item i, the only one of group g (hash h, policy p) in the call.
+-- Returns the due time it set (0: none), or false, having written
+-- nothing, when the group needs the general path.
+local function add_ruled(ctx, g, i, h, p)
+  local a, k, now, sums = B + S * i, p.k, ctx.now, RULED_SUMS
+  local id = A[a + ID_AT]
+  local got = call('HMGET', h, STATE, FIELD.names, FIELD.rules, id)
+  local s, x = got[1], got[3]
+  local seq, size, bytes, valid, _ = 0, 0, 0, true, nil
+  if s then
+    if (got[2] or '') ~= p.dictionary or (x and true or false) == p.plain then return false end
+    seq, size, bytes, _, valid = read_state(s, k, sums)
+    if k > 0 and not valid or size >= p.max_items then return false end
+  end
+  local until_ms = flushed_until[i]
+  if got[4] or until_ms and tonumber(until_ms) > now then
+    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, size, false
+    return 0
+  end
+  if not s then return ruled_open(ctx, g, i, h, p, 0, 0) end
+  local ext = EXT_AT and A[a + EXT_AT] or ''
+  local deadline, v = item_values(ext, k)
+  local earliest, due = 0, 0
+  if x then
+    earliest, due = unpack_struct('<dxxxxxxxxd', x, 41)
+    if due <= now then return false end
+  elseif deadline > 0 then
+    return false
+  end
+  local full, limits = false, p.limits
+  for j = 1, k do
+    local t = sums[j] + (v and v[j] or 0)
+    if t > limits[j] then return ruled_open(ctx, g, i, h, p, size, seq) end
+    if v and t >= limits[j] then full = true end
+    sums[j] = t
+  end
+  local payload = A[a + PAYLOAD_AT]
+  local n, b = size + 1, bytes + #payload
+  seq = seq + 1
+  local reason = n >= p.max_items and REASON.SIZE or p.max_bytes > 0 and b >= p.max_bytes and REASON.BYTES
+    or full and REASON.CAPACITY
+  if reason then
+    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 0, ruled_flush(ctx, g, h, p, size, i, seq, reason)
+    due_gone[due_gone_n + 1] = key[g]
+    due_gone_n = due_gone_n + 1
+    return 0
+  end
+  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
+  local state_s, item = state(seq, n, b, now, k, sums), item_value(ext, seq, payload)
+  if x and (n == p.min_items or deadline > 0 and (earliest == 0 or deadline < earliest)) then
+    return ruled_rearm(ctx, g, h, p, x, state_s, id, item, n, deadline)
+  end
+  call('HSET', h, STATE, state_s, id, item)
+  return 0
+end
