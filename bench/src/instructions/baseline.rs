@@ -167,6 +167,7 @@ fn print_ratios(measured: &[Measured]) {
         ("unary", "floor_unary"),
         ("every_rule", "floor_addmany"),
         ("addmany", "bullmq_addbulk"),
+        ("sharded", "bullmq_addbulk"),
         ("unary", "bullmq_add"),
         ("floor_addmany", "bullmq_addbulk"),
         ("floor_unary", "bullmq_add"),

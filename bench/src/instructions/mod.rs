@@ -44,6 +44,12 @@
 //!   lane's shards in one `add_shards` call (the runtime here has one
 //!   thread, so every part of a store call is queued before a writer
 //!   runs: two calls, one per lane, each a section per shard);
+//! - `sharded`: the same items as `addmany`, in calls of 100 over a
+//!   keyspace of [`ROUND_SHARDS`](shapes::ROUND_SHARDS) shards: the calls
+//!   scenario 1 makes, each split by shard into sections of about six
+//!   items (two `add_shards` calls per store call, one per lane), so each
+//!   section's own commands (its dedup lookup, due set and flushed-set
+//!   upkeep) are shared by fewer items than in `addmany`;
 //! - `every_rule`: as `addmany`, under scenario 11's policy with every rule
 //!   on ([`RULES_CONFIG`](crate::policies::RULES_CONFIG), parsed by the
 //!   service's own config code) and its parcels: a weight and a volume on

@@ -30,8 +30,8 @@ async fn flushall(conn: &mut MultiplexedConnection) -> Result<(), String> {
         .map_err(|e| format!("FLUSHALL: {e}"))
 }
 
-/// The keyspace of a shape of `shards` shards: one for all but `rounds`,
-/// so that one `Store::add` is one script call.
+/// The keyspace of a shape of `shards` shards: one for all but `rounds` and
+/// `sharded`, so that one `Store::add` is one script call.
 fn keyspace(shards: u16) -> Keyspace {
     Keyspace::new("ins", shards)
 }

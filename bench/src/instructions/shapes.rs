@@ -9,7 +9,7 @@ use batcher::policy::{Policy, PolicyHandle};
 use crate::load::{self, Rng};
 use crate::policies::{DEADLINE_AHEAD_S, DEADLINE_ONE_IN, RULES_CONFIG, VOLUME_CM3, WEIGHT_G};
 
-/// Items of `addmany`, `every_rule` and `floor_addmany`.
+/// Items of `addmany`, `sharded`, `every_rule` and `floor_addmany`.
 pub(super) const ITEMS: usize = 10_000;
 /// Items (and calls) of `unary` and `floor_unary`.
 pub(super) const UNARY_ITEMS: usize = 1_500;
@@ -41,7 +41,7 @@ pub(super) struct Shape {
     pub(super) items: usize,
     pub(super) per_call: usize,
     /// Shards of its keyspace: 1, so that a call of the store is one add
-    /// call, but for `rounds`.
+    /// call, but for `rounds` and `sharded`.
     pub(super) shards: u16,
 }
 
@@ -69,10 +69,10 @@ impl Shape {
 
 /// Items of each store call of `rounds`, over [`ROUND_SHARDS`] shards.
 pub(super) const ROUND_ITEMS: usize = 16;
-/// Shards of `rounds`: the service's default.
+/// Shards of `rounds` and `sharded`: the service's default.
 pub(super) const ROUND_SHARDS: u16 = 16;
 
-pub(super) const SHAPES: [Shape; 6] = [
+pub(super) const SHAPES: [Shape; 7] = [
     Shape {
         name: "addmany",
         route: Route::Store { rules: false },
@@ -92,6 +92,13 @@ pub(super) const SHAPES: [Shape; 6] = [
         route: Route::Store { rules: false },
         items: UNARY_ITEMS,
         per_call: ROUND_ITEMS,
+        shards: ROUND_SHARDS,
+    },
+    Shape {
+        name: "sharded",
+        route: Route::Store { rules: false },
+        items: ITEMS,
+        per_call: PER_CALL,
         shards: ROUND_SHARDS,
     },
     Shape {
