@@ -376,6 +376,16 @@ local function flush_open(ctx, g, reason, batches)
   return batches
 end
 
+-- Flushes group g (hash h, policy p) for a path that keeps no group
+-- state (add_usual, add_ruled): the `count` items its hash holds (opened
+-- at o when it holds none), then item i, sequence number seq, if given.
+local function flush_taken(ctx, g, h, p, count, o, i, seq, reason)
+  hash[g], policy[g], stored[g], opened[g], rules_read[g], rules[g] = h, p, count, o, true, false
+  first_pending[g], last_pending[g] = i, i
+  if i then next_pending[i], item_seq[i] = false, seq end
+  return flush_open(ctx, g, reason, false)
+end
+
 -- Whether item i is a duplicate: its id is open in its group or came
 -- earlier in the call (`seen`), or it is in its dedup window; a requeued
 -- id skips the window once per (batch, item).

@@ -130,10 +130,8 @@ local function add_usual(ctx, g, i, h, p)
   local n, b = size_n + 1, bytes_n + #payload
   seq_n = seq_n + 1
   if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then
-    hash[g], policy[g] = h, p
-    first_pending[g], last_pending[g], next_pending[i], item_seq[i] = i, i, false, seq_n
-    stored[g], rules_read[g], opened[g] = size_n, false, not s and now_text(ctx)
-    local batches = flush_open(ctx, g, n >= p.max_items and REASON.SIZE or REASON.BYTES, false)
+    local reason = n >= p.max_items and REASON.SIZE or REASON.BYTES
+    local batches = flush_taken(ctx, g, h, p, size_n, not s and now_text(ctx), i, seq_n, reason)
     if s then
       due_gone[due_gone_n + 1] = key[g]
       due_gone_n = due_gone_n + 1

@@ -10,15 +10,6 @@
 -- The rules and sums of the group in hand: one table each for every call.
 local RULED_RULES, RULED_SUMS = set_rules(nil, 0, 0, 0, 0, 0, 0, 0, 0), {}
 
--- Flushes group g (key as add set it, hash h, policy p): the `count`
--- items its hash holds, then item i with sequence number seq when given.
-local function ruled_flush(ctx, g, h, p, count, i, seq, reason)
-  hash[g], policy[g], stored[g], rules_read[g], rules[g] = h, p, count, true, false
-  first_pending[g], last_pending[g] = i, i
-  if i then next_pending[i], item_seq[i] = false, seq end
-  return flush_open(ctx, g, reason, false)
-end
-
 -- Records group g's new due time t for the due set, and returns it.
 local function ruled_due(g, t)
   due_set[due_set_n + 1], due_set[due_set_n + 2] = t, key[g]
@@ -57,7 +48,7 @@ local function ruled_open(ctx, g, i, h, p, size, seq)
     if t >= p.limits[j] then return false end
     sums[j] = t
   end
-  local batches = size > 0 and ruled_flush(ctx, g, h, p, size, false, 0, REASON.CAPACITY)
+  local batches = size > 0 and flush_taken(ctx, g, h, p, size, false, false, 0, REASON.CAPACITY)
   out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 1, batches
   local w, n = WRITES, 6
   w[1], w[2] = STATE, state(seq + 1, 1, #payload, now, k, sums)
@@ -127,7 +118,8 @@ local function add_ruled(ctx, g, i, h, p)
   local reason = n >= p.max_items and REASON.SIZE or p.max_bytes > 0 and b >= p.max_bytes and REASON.BYTES
     or full and REASON.CAPACITY
   if reason then
-    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 0, ruled_flush(ctx, g, h, p, size, i, seq, reason)
+    local flushed = flush_taken(ctx, g, h, p, size, false, i, seq, reason)
+    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 0, flushed
     due_gone[due_gone_n + 1] = key[g]
     due_gone_n = due_gone_n + 1
     return 0

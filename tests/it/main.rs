@@ -11,6 +11,7 @@
 
 mod support;
 
+mod add_paths;
 mod api;
 mod auth;
 mod cli;
