@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{Cursor, Delivery, Filter};
+use super::{Cursor, Delivery, Filter, Tails};
 use crate::batch::{Batch, StreamId};
 use crate::store::{Conn, Store, StoreError};
 
@@ -24,8 +24,8 @@ pub(super) struct Subscriber {
     pub position: Cursor,
     pub filter: Filter,
     pub tx: mpsc::Sender<Delivery>,
-    /// How many shard tails know where they start (see [`tail`]).
-    pub positioned: watch::Receiver<u16>,
+    /// The tails' state, for how many know where they start (see [`tail`]).
+    pub tails: watch::Receiver<Tails>,
 }
 
 impl Subscriber {
@@ -42,7 +42,7 @@ impl Subscriber {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = self.tx.closed() => return,
-            ready = self.positioned.wait_for(|n| *n >= shards) => if ready.is_err() { return },
+            ready = self.tails.wait_for(|t| t.positioned >= shards) => if ready.is_err() { return },
         }
         let mut behind = true;
         loop {
@@ -125,22 +125,42 @@ impl Subscriber {
     }
 }
 
-/// Tails one shard's stream on its own connection and publishes each batch.
-/// It starts after the stream's newest entry when its connection first comes
-/// up, and then counts itself in `positioned`: a batch flushed before that
-/// is never published, so live subscribers read back from Redis only once
-/// every tail has started.
+/// Tails one shard's stream on its own connection and publishes each batch,
+/// while someone listens (see [`Tails`]). It starts after the stream's
+/// newest entry when its connection comes up, and then counts itself as
+/// positioned: a batch flushed before that is never published, so live
+/// subscribers read back from Redis only once every tail has started. With
+/// no listener left it stops, and starts anew when one comes.
 pub(super) async fn tail(
     store: Store,
     shard: u16,
     live: broadcast::Sender<Arc<Batch>>,
-    positioned: Arc<watch::Sender<u16>>,
+    tails: Arc<watch::Sender<Tails>>,
     shutdown: CancellationToken,
 ) {
+    let mut wake = tails.subscribe();
     let mut last: Option<StreamId> = None;
     let mut conn: Option<Conn> = None;
     let mut failures: u32 = 0;
     while !shutdown.is_cancelled() {
+        let counted = last.is_some();
+        let idle = tails.send_if_modified(|t| {
+            if t.listeners > 0 {
+                return false;
+            }
+            if counted {
+                t.positioned -= 1;
+            }
+            true
+        });
+        if idle {
+            last = None;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                woken = wake.wait_for(|t| t.listeners > 0) => if woken.is_err() { return },
+            }
+            continue;
+        }
         let step = async {
             let conn = match &mut conn {
                 Some(conn) => conn,
@@ -150,7 +170,7 @@ pub(super) async fn tail(
                 Some(after) => after,
                 None => {
                     let head = *last.insert(store.stream_heads().await?[usize::from(shard)]);
-                    positioned.send_modify(|n| *n += 1);
+                    tails.send_modify(|t| t.positioned += 1);
                     head
                 }
             };

@@ -2,7 +2,9 @@
 //!
 //! - Live (`live`): one task per shard tails its stream with blocking reads
 //!   on a dedicated connection (never the shared command connection) and
-//!   publishes each batch on an in-process broadcast channel. Each live
+//!   publishes each batch on an in-process broadcast channel. The tails read
+//!   only while this instance has a subscriber, live or durable ([`Tails`]):
+//!   an instance that only ingests reads no batch back. Each live
 //!   subscriber has its own task: it first catches up from its position
 //!   with non-blocking reads, then follows the broadcast, skipping what it
 //!   has already seen. If it falls behind the broadcast it catches up from
@@ -137,6 +139,37 @@ pub struct Delivery {
     pub delivery_count: u32,
 }
 
+/// What the shard tails and the subscribers share: who listens, and how
+/// many tails know where they started. A tail that finds no listener stops
+/// reading, forgets its place and leaves the count; a subscriber counts
+/// itself in before it waits for every tail, so a tail it may rely on cannot
+/// stop (both change under the watch's one lock). A tail woken again starts
+/// after its stream's newest entry, as at start-up, and a live subscriber
+/// reads what came before from Redis.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Tails {
+    /// This instance's live and durable subscribers.
+    pub listeners: usize,
+    /// Tails that are reading and know where they started.
+    pub positioned: u16,
+}
+
+/// A subscriber's place among the tails' listeners, left when dropped.
+struct Listening(Arc<watch::Sender<Tails>>);
+
+impl Listening {
+    fn start(tails: &Arc<watch::Sender<Tails>>) -> Listening {
+        tails.send_modify(|t| t.listeners += 1);
+        Listening(tails.clone())
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.0.send_modify(|t| t.listeners -= 1);
+    }
+}
+
 /// What a durable subscription needs besides its filter.
 #[derive(Clone, Debug)]
 pub struct Durable {
@@ -153,8 +186,7 @@ pub struct Durable {
 pub struct Hub {
     store: Store,
     live: broadcast::Sender<Arc<Batch>>,
-    /// How many shard tails know where they start.
-    positioned: watch::Receiver<u16>,
+    tails: Arc<watch::Sender<Tails>>,
     buffer: usize,
     releases: Releases,
     tracker: TaskTracker,
@@ -162,7 +194,8 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// Starts one tail task per shard on `tracker`.
+    /// Starts one tail task per shard on `tracker`; they read while a
+    /// subscriber listens.
     pub fn start(
         store: Store,
         buffer: usize,
@@ -170,14 +203,13 @@ impl Hub {
         shutdown: CancellationToken,
     ) -> Hub {
         let (live, _) = broadcast::channel(BROADCAST_CAPACITY);
-        let (started, positioned) = watch::channel(0);
-        let started = Arc::new(started);
+        let tails = Arc::new(watch::channel(Tails::default()).0);
         for shard in 0..store.keyspace().shards() {
             let tail = tail(
                 store.clone(),
                 shard,
                 live.clone(),
-                started.clone(),
+                tails.clone(),
                 shutdown.clone(),
             );
             tracker.spawn(tail);
@@ -185,7 +217,7 @@ impl Hub {
         Hub {
             store,
             live,
-            positioned,
+            tails,
             buffer,
             releases: Releases::default(),
             tracker: tracker.clone(),
@@ -210,16 +242,20 @@ impl Hub {
     pub fn subscribe(&self, from: Cursor, filter: Filter) -> mpsc::Receiver<Delivery> {
         let (tx, rx) = mpsc::channel(self.buffer);
         let live = self.live.subscribe();
+        let listening = Listening::start(&self.tails);
         let subscriber = Subscriber {
             store: self.store.clone(),
             position: from,
             filter,
             tx,
-            positioned: self.positioned.clone(),
+            tails: self.tails.subscribe(),
         };
         let task = subscriber.run(live, self.shutdown.clone());
         self.tracker
-            .spawn(metrics::subscribed(SubscriberMode::Live, task));
+            .spawn(metrics::subscribed(SubscriberMode::Live, async move {
+                let _listening = listening;
+                task.await
+            }));
         rx
     }
 
@@ -235,9 +271,13 @@ impl Hub {
             tx,
             releases: self.releases.clone(),
         };
+        let listening = Listening::start(&self.tails);
         let task = subscriber.run(self.live.subscribe(), released, self.shutdown.clone());
         self.tracker
-            .spawn(metrics::subscribed(SubscriberMode::Durable, task));
+            .spawn(metrics::subscribed(SubscriberMode::Durable, async move {
+                let _listening = listening;
+                task.await
+            }));
         rx
     }
 

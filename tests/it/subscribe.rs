@@ -5,7 +5,8 @@ use crate::support;
 
 use std::collections::HashSet;
 
-use crate::support::{RedisServer, Service, add, config, eventually, next_batch};
+use crate::support::scrape::scrape;
+use crate::support::{RedisServer, Service, add, command_calls, config, eventually, next_batch};
 use batcher::pb;
 
 const ONE_ITEM_BATCHES: &str = r#"
@@ -294,5 +295,121 @@ async fn nothing_is_missed_while_the_tails_start() {
         next_batch(&mut stream).await.key,
     ];
     assert_eq!(keys, ["early", "late"]);
+    service.stop().await;
+}
+
+/// Waits until this instance has no live subscriber left (its gauge).
+async fn no_live_subscriber(service: &Service) {
+    let http = service
+        .http_addr
+        .expect("the tests' services serve /metrics");
+    eventually("the live subscriber to leave", || async move {
+        let live = scrape(http)
+            .await
+            .value("batcher_subscribers", &[("mode", "live")]);
+        (live == Some(0.0)).then_some(())
+    })
+    .await;
+}
+
+/// The shard tails read batches back only while a subscriber listens: no
+/// XREAD while the instance only ingests, and none once the last one left
+/// beyond the one read each tail may have had in flight.
+#[tokio::test]
+async fn tails_read_only_while_someone_listens() {
+    let redis = RedisServer::start();
+    let service = Service::start(config(&redis.url(), ONE_ITEM_BATCHES)).await;
+    let mut client = service.client().await;
+    for i in 0..20 {
+        flush_n(&mut client, "k", i, 1).await;
+    }
+    assert_eq!(
+        command_calls(&redis, &["xread"]),
+        0,
+        "the tails read with nobody listening"
+    );
+    let mut stream = every_batch(&mut client).await;
+    flush_n(&mut client, "k", 20, 3).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(id_of(&next_batch(&mut stream).await));
+    }
+    assert_eq!(got, vec![20, 21, 22]);
+    assert!(command_calls(&redis, &["xread"]) > 0);
+    drop(stream);
+    no_live_subscriber(&service).await;
+    let before = command_calls(&redis, &["xread"]);
+    // One batch a call, each landing on its own: a tail that kept reading
+    // would read about one each time.
+    for i in 23..83 {
+        flush_n(&mut client, "k", i, 1).await;
+    }
+    let reads = command_calls(&redis, &["xread"]) - before;
+    assert!(
+        reads <= 4,
+        "{reads} reads after the last subscriber left (4 shards)"
+    );
+    service.stop().await;
+}
+
+/// Subscribers that come after the tails stopped, or while they stop, get
+/// from their cursor every batch, each once: those flushed while nobody
+/// listened (read back from Redis) and those flushed after (from the tails,
+/// started anew).
+#[tokio::test]
+async fn subscribers_after_an_idle_spell_miss_nothing() {
+    let redis = RedisServer::start();
+    let service = Service::start(config(&redis.url(), ONE_ITEM_BATCHES)).await;
+    let mut client = service.client().await;
+    let keys = ["a", "b", "c", "d", "e", "f"];
+    let mut stream = every_batch(&mut client).await;
+    for key in keys {
+        flush_n(&mut client, key, 0, 2).await;
+    }
+    let mut cursor = String::new();
+    for _ in 0..12 {
+        cursor = next_batch(&mut stream).await.cursor;
+    }
+    drop(stream);
+    no_live_subscriber(&service).await;
+    // Flushed with nobody listening; then a subscriber from the cursor.
+    for key in keys {
+        flush_n(&mut client, key, 2, 2).await;
+    }
+    let mut resumed = client
+        .subscribe(pb::SubscribeRequest {
+            after: cursor,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for key in keys {
+        flush_n(&mut client, key, 4, 2).await;
+    }
+    let mut seen = HashSet::new();
+    for _ in 0..24 {
+        let batch = next_batch(&mut resumed).await;
+        let item = (batch.key.clone(), id_of(&batch));
+        assert!(seen.insert(item.clone()), "{item:?} delivered twice");
+    }
+    let expected: HashSet<(String, usize)> = keys
+        .iter()
+        .flat_map(|k| (2..6).map(move |i| (k.to_string(), i)))
+        .collect();
+    assert_eq!(seen, expected);
+    drop(resumed);
+    // Subscribers one after another, each from "now", not waiting for the
+    // last to be gone: each gets exactly the batches flushed after it came.
+    for round in 0..10 {
+        let mut stream = every_batch(&mut client).await;
+        let key = keys[round % keys.len()];
+        flush_n(&mut client, key, 100 + 2 * round, 2).await;
+        let got = [
+            id_of(&next_batch(&mut stream).await),
+            id_of(&next_batch(&mut stream).await),
+        ];
+        assert_eq!(got, [100 + 2 * round, 101 + 2 * round], "round {round}");
+    }
     service.stop().await;
 }
