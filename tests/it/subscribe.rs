@@ -31,8 +31,19 @@ async fn flush_n(
 async fn every_batch(
     client: &mut pb::batcher_client::BatcherClient<tonic::transport::Channel>,
 ) -> tonic::Streaming<pb::Batch> {
+    subscribe_after(client, "").await
+}
+
+/// A live subscription to every key, after `after` (a cursor, or "0").
+async fn subscribe_after(
+    client: &mut pb::batcher_client::BatcherClient<tonic::transport::Channel>,
+    after: &str,
+) -> tonic::Streaming<pb::Batch> {
     client
-        .subscribe(pb::SubscribeRequest::default())
+        .subscribe(pb::SubscribeRequest {
+            after: after.into(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()
@@ -50,14 +61,7 @@ async fn start_positions() {
     let mut client = service.client().await;
     flush_n(&mut client, "k", 0, 5).await;
     let mut from_now = every_batch(&mut client).await;
-    let mut from_zero = client
-        .subscribe(pb::SubscribeRequest {
-            after: "0".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut from_zero = subscribe_after(&mut client, "0").await;
     flush_n(&mut client, "k", 5, 2).await;
     let got: Vec<usize> = [
         next_batch(&mut from_now).await,
@@ -85,14 +89,7 @@ async fn cursor_resumes_exactly() {
     let redis = RedisServer::start();
     let service = Service::start(config(&redis.url(), ONE_ITEM_BATCHES)).await;
     let mut client = service.client().await;
-    let mut stream = client
-        .subscribe(pb::SubscribeRequest {
-            after: "0".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = subscribe_after(&mut client, "0").await;
     // Spread over keys so that every shard has batches.
     for key in ["a", "b", "c", "d", "e", "f"] {
         flush_n(&mut client, key, 0, 10).await;
@@ -108,14 +105,7 @@ async fn cursor_resumes_exactly() {
     for key in ["a", "b", "c", "d", "e", "f"] {
         flush_n(&mut client, key, 10, 5).await;
     }
-    let mut resumed = client
-        .subscribe(pb::SubscribeRequest {
-            after: cursor,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut resumed = subscribe_after(&mut client, &cursor).await;
     for _ in 0..(90 - 25) {
         let batch = next_batch(&mut resumed).await;
         assert!(
@@ -376,14 +366,7 @@ async fn subscribers_after_an_idle_spell_miss_nothing() {
     for key in keys {
         flush_n(&mut client, key, 2, 2).await;
     }
-    let mut resumed = client
-        .subscribe(pb::SubscribeRequest {
-            after: cursor,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut resumed = subscribe_after(&mut client, &cursor).await;
     for key in keys {
         flush_n(&mut client, key, 4, 2).await;
     }
