@@ -245,14 +245,25 @@ end
 --   section the counts of its KEYS and of its ARGV.
 -- ARGV[2..]: each section's ARGV, one section after another.
 -- Returns: per section, add's reply to it.
+-- A section's KEYS and ARGV: two tables for every call, refilled for each
+-- section (a new pair would cost its allocation and growth each time).
+local section_keys, section_args, filled_keys, filled_args = {}, {}, 0, 0
+
+-- Puts list[from + 1 .. from + count] in t, which holds `filled` entries,
+-- and nothing after them. Returns count.
+local function refill(t, filled, list, from, count)
+  for j = 1, count do t[j] = list[from + j] end
+  for j = count + 1, filled do t[j] = nil end
+  return count
+end
+
 local function add_shards(keys, args)
   local n, now = unpack_struct('<d', args[1]), now_ms()
   local counts = { unpack_struct(doubles(2 * n), args[1], 9) }
   local replies, k, a = {}, 0, 1
   for s = 1, n do
-    local section_keys, section_args = {}, {}
-    for j = 1, counts[2 * s - 1] do section_keys[j] = keys[k + j] end
-    for j = 1, counts[2 * s] do section_args[j] = args[a + j] end
+    filled_keys = refill(section_keys, filled_keys, keys, k, counts[2 * s - 1])
+    filled_args = refill(section_args, filled_args, args, a, counts[2 * s])
     k, a = k + counts[2 * s - 1], a + counts[2 * s]
     local reply = add(section_keys, section_args, now)
     if type(reply) == 'table' then
