@@ -153,11 +153,12 @@ local function add_usual(ctx, g, i, h, p)
 end
 
 -- Takes a call whose n groups each get one item without flags (item g is
--- group g's; the group arguments of g are at args[at + step * (g - 1)]),
--- with none of the arrival chains: the usual path, or the general one for
--- a group that needs it. Returns the earliest due time it set (0: none).
-local function add_each(ctx, keys, args, np, at, step, n)
-  local one = np == 1 and policy_of(args[2])
+-- group g's; the group arguments of g are at args[at + step * (g - 1)];
+-- its KEYS start after keys[ko], its policies after args[ao + 1]), with
+-- none of the arrival chains: the usual path, or the general one for a
+-- group that needs it. Returns the earliest due time it set (0: none).
+local function add_each(ctx, keys, ko, args, ao, np, at, step, n)
+  local one = np == 1 and policy_of(args[ao + 2])
   for g = 1, n do
     local k = args[at + step * (g - 1)]
     key[g], member[g] = k, k .. SEP .. id_of(g)
@@ -165,8 +166,8 @@ local function add_each(ctx, keys, args, np, at, step, n)
   lookup_flushed(ctx.flushed, n)
   local earliest = 0
   for g = 1, n do
-    local p = one or policy_of(args[1 + num(args[at + step * (g - 1) + 1])])
-    local h = keys[4 + g]
+    local p = one or policy_of(args[ao + 1 + num(args[at + step * (g - 1) + 1])])
+    local h = keys[ko + 4 + g]
     local due_at = false
     if p.usual then
       due_at = (not EXT_AT or undated(g)) and add_usual(ctx, g, g, h, p)
@@ -176,35 +177,38 @@ local function add_each(ctx, keys, args, np, at, step, n)
     if not due_at then
       start_group(g, h, key[g], p)
       first_arrival[g], last_arrival[g], next_arrival[g], close[g], requeue_of[g] = g, g, false, false, false
-      due_at = general(ctx, g, keys[5 + n])
+      due_at = general(ctx, g, keys[ko + 5 + n])
     end
     if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
   end
   return earliest
 end
 
-local function add(keys, args, now)
-  now = now or now_ms()
-  local h = header_of(args[1])
+-- One call's add, or one section's of add_shards: its KEYS are those after
+-- keys[ko], and its ARGV the na after args[ao] (0, 0 and #args: all).
+local function add(keys, args, now, ko, ao, na)
+  now, ko, ao = now or now_ms(), ko or 0, ao or 0
+  na = na or #args
+  local h = header_of(args[ao + 1])
   local np, ng, shape = h.np, h.ng, h.shape
-  local ctx = context(keys[1], keys[2], keys[3], h.dedup, now)
-  local at_group = 2 + np
+  local ctx = context(keys[ko + 1], keys[ko + 2], keys[ko + 3], h.dedup, now)
+  local at_group = ao + 2 + np
   local group_args = np > 1 and 2 or 1
   local first = at_group + group_args * ng
   A, S, G_AT, ID_AT, PAYLOAD_AT, EXT_AT = args, shape[1], shape[2], shape[3], shape[4], shape[5]
   B = first - S
-  local n = (#args - first + 1) / S
-  IX, room_n = keys[4], 0
+  local n = (ao + na - first + 1) / S
+  IX, room_n = keys[ko + 4], 0
   if named_shard then named_in, named_shard = {}, false end
   due_set_n, due_gone_n = 0, 0
   local earliest = 0
   if not G_AT and ng == n then
-    earliest = add_each(ctx, keys, args, np, at_group, group_args, n)
+    earliest = add_each(ctx, keys, ko, args, ao, np, at_group, group_args, n)
   else
-    local one = np == 1 and policy_of(args[2])
+    local one = np == 1 and policy_of(args[ao + 2])
     for g = 1, ng do
       local at = at_group + group_args * (g - 1)
-      start_group(g, keys[4 + g], args[at], one or policy_of(args[1 + num(args[at + 1])]))
+      start_group(g, keys[ko + 4 + g], args[at], one or policy_of(args[ao + 1 + num(args[at + 1])]))
     end
     arrivals(n, ctx.flushed)
     for g = 1, ng do
@@ -218,7 +222,7 @@ local function add(keys, args, now)
       elseif p.ruled and not (next_arrival[i] or close[i] or requeue_of[i]) then
         due_at = add_ruled(ctx, g, i, hash[g], p)
       end
-      if not due_at then due_at = general(ctx, g, keys[5 + ng]) end
+      if not due_at then due_at = general(ctx, g, keys[ko + 5 + ng]) end
       if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
     end
   end
@@ -245,27 +249,13 @@ end
 --   section the counts of its KEYS and of its ARGV.
 -- ARGV[2..]: each section's ARGV, one section after another.
 -- Returns: per section, add's reply to it.
--- A section's KEYS and ARGV: two tables for every call, refilled for each
--- section (a new pair would cost its allocation and growth each time).
-local section_keys, section_args, filled_keys, filled_args = {}, {}, 0, 0
-
--- Puts list[from + 1 .. from + count] in t, which holds `filled` entries,
--- and nothing after them. Returns count.
-local function refill(t, filled, list, from, count)
-  for j = 1, count do t[j] = list[from + j] end
-  for j = count + 1, filled do t[j] = nil end
-  return count
-end
-
 local function add_shards(keys, args)
   local n, now = unpack_struct('<d', args[1]), now_ms()
   local counts = { unpack_struct(doubles(2 * n), args[1], 9) }
   local replies, k, a = {}, 0, 1
   for s = 1, n do
-    filled_keys = refill(section_keys, filled_keys, keys, k, counts[2 * s - 1])
-    filled_args = refill(section_args, filled_args, args, a, counts[2 * s])
+    local reply = add(keys, args, now, k, a, counts[2 * s])
     k, a = k + counts[2 * s - 1], a + counts[2 * s]
-    local reply = add(section_keys, section_args, now)
     if type(reply) == 'table' then
       -- add's table is reused by the next section: keep a copy, up to the
       -- nil that ends it.
