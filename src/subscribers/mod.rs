@@ -242,7 +242,6 @@ impl Hub {
     pub fn subscribe(&self, from: Cursor, filter: Filter) -> mpsc::Receiver<Delivery> {
         let (tx, rx) = mpsc::channel(self.buffer);
         let live = self.live.subscribe();
-        let listening = Listening::start(&self.tails);
         let subscriber = Subscriber {
             store: self.store.clone(),
             position: from,
@@ -250,12 +249,10 @@ impl Hub {
             tx,
             tails: self.tails.subscribe(),
         };
-        let task = subscriber.run(live, self.shutdown.clone());
-        self.tracker
-            .spawn(metrics::subscribed(SubscriberMode::Live, async move {
-                let _listening = listening;
-                task.await
-            }));
+        self.spawn_subscriber(
+            SubscriberMode::Live,
+            subscriber.run(live, self.shutdown.clone()),
+        );
         rx
     }
 
@@ -271,14 +268,23 @@ impl Hub {
             tx,
             releases: self.releases.clone(),
         };
-        let listening = Listening::start(&self.tails);
         let task = subscriber.run(self.live.subscribe(), released, self.shutdown.clone());
-        self.tracker
-            .spawn(metrics::subscribed(SubscriberMode::Durable, async move {
-                let _listening = listening;
-                task.await
-            }));
+        self.spawn_subscriber(SubscriberMode::Durable, task);
         rx
+    }
+
+    /// Spawns a subscriber's task, counted among the tails' listeners from
+    /// now until it ends (so before it waits for the tails).
+    fn spawn_subscriber(
+        &self,
+        mode: SubscriberMode,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let listening = Listening::start(&self.tails);
+        self.tracker.spawn(metrics::subscribed(mode, async move {
+            let _listening = listening;
+            task.await
+        }));
     }
 
     /// Tells this instance's consumers of `group` that some of its batches
