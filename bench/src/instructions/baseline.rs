@@ -166,11 +166,13 @@ fn print_ratios(measured: &[Measured]) {
         ("addmany", "floor_addmany"),
         ("unary", "floor_unary"),
         ("every_rule", "floor_addmany"),
+        ("addmany", "floor_dedup"),
         ("addmany", "bullmq_addbulk"),
         ("sharded", "bullmq_addbulk"),
         ("unary", "bullmq_add"),
         ("floor_addmany", "bullmq_addbulk"),
         ("floor_unary", "bullmq_add"),
+        ("floor_dedup", "bullmq_addbulk"),
     ] {
         if let Some(r) = ratio(a, b) {
             println!("{:<25} = {r:.2}", format!("{a} / {b}"));

@@ -58,7 +58,12 @@
 //!   `unary`, through `bench/floor/floor.lua` with EVALSHA on a plain
 //!   connection: the least an add script can do (HSETNX and HLEN per item,
 //!   ZADD when a group opens, HGETALL, XADD, DEL and ZREM when it fills).
-//!   That file is frozen, so the ratios to it compare with earlier runs.
+//!   That file is frozen, so the ratios to it compare with earlier runs;
+//! - `floor_dedup`: the same items as `addmany` through
+//!   `bench/floor/floor_dedup.lua`, frozen too: the floor plus a dedup
+//!   window of 10 minutes in a sorted set per shard, as batcher keeps one
+//!   (one ZMSCORE per call, one ZADD of the flushed items). It is the least
+//!   an add script with batcher's idempotency does.
 //!
 //! Each runs on a Redis of its own, [`PARALLEL`] at a time; the whole mode
 //! takes about a minute of CPU (valgrind runs Redis some fifty times
@@ -296,7 +301,7 @@ async fn measure(shape: &Shape, policies: &Policies) -> Result<(Measured, RedisB
     let build = RedisBuild::of(redis.url()).await?;
     let m = match shape.route {
         Route::Store { rules } => run_store(&mut redis, shape, rules, policies).await?,
-        Route::Floor => run_floor(&mut redis, shape, &policies.plain).await?,
+        Route::Floor { dedup } => run_floor(&mut redis, shape, &policies.plain, dedup).await?,
         Route::Peer { bulk } => run_peer(&mut redis, shape, bulk).await?,
     };
     eprintln!(

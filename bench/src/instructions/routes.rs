@@ -22,6 +22,11 @@ use crate::load::{self, PAYLOAD};
 /// The frozen floor: see its header.
 static FLOOR: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor.lua")));
+/// The frozen floor with a dedup window: see its header.
+static FLOOR_DEDUP: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_dedup.lua")));
+/// The dedup window `floor_dedup` runs with: the service's default.
+const FLOOR_WINDOW: Duration = Duration::from_secs(600);
 
 async fn flushall(conn: &mut MultiplexedConnection) -> Result<(), String> {
     redis::cmd("FLUSHALL")
@@ -143,18 +148,24 @@ pub(super) async fn run_store(
     })
 }
 
-/// A shape through the frozen floor script, one EVALSHA at a time.
+/// A shape through a frozen floor script (with a dedup window when
+/// `dedup`), one EVALSHA at a time.
 pub(super) async fn run_floor(
     redis: &mut Profiled,
     shape: &Shape,
     policy: &Policy,
+    dedup: bool,
 ) -> Result<Measured, String> {
     let mut conn = connection(redis.url()).await?;
     let shard = keyspace(1).shard(0);
     let max_wait_ms = policy.max_wait.as_millis() as u64;
+    let script: &redis::Script = if dedup { &FLOOR_DEDUP } else { &FLOOR };
     let call = |draws: &[Draw], keys: &dyn Fn(u64) -> String| {
-        let mut invocation = FLOOR.prepare_invoke();
+        let mut invocation = script.prepare_invoke();
         invocation.key(&shard.due).key(&shard.stream);
+        if dedup {
+            invocation.key(&shard.flushed);
+        }
         let mut groups: HashMap<u64, usize> = HashMap::new();
         let mut args: Vec<(usize, &Draw)> = Vec::with_capacity(draws.len());
         for draw in draws {
@@ -166,13 +177,16 @@ pub(super) async fn run_floor(
             args.push((index, draw));
         }
         invocation.arg(policy.max_items).arg(max_wait_ms);
+        if dedup {
+            invocation.arg(FLOOR_WINDOW.as_millis() as u64);
+        }
         for (index, draw) in args {
             invocation.arg(index).arg(&draw.id).arg(&PAYLOAD[..]);
         }
         invocation
     };
     // Warm-up: loads the script, then leaves Redis empty.
-    FLOOR
+    script
         .load_async(&mut conn)
         .await
         .map_err(|e| format!("SCRIPT LOAD of the floor: {e}"))?;

@@ -9,7 +9,8 @@ use batcher::policy::{Policy, PolicyHandle};
 use crate::load::{self, Rng};
 use crate::policies::{DEADLINE_AHEAD_S, DEADLINE_ONE_IN, RULES_CONFIG, VOLUME_CM3, WEIGHT_G};
 
-/// Items of `addmany`, `sharded`, `every_rule` and `floor_addmany`.
+/// Items of `addmany`, `sharded`, `every_rule`, `floor_addmany` and
+/// `floor_dedup`.
 pub(super) const ITEMS: usize = 10_000;
 /// Items (and calls) of `unary` and `floor_unary`.
 pub(super) const UNARY_ITEMS: usize = 1_500;
@@ -27,8 +28,9 @@ const FLOOR_STARTS: usize = 3;
 pub(super) enum Route {
     /// `Store::add`, with every rule on or with the plain policy.
     Store { rules: bool },
-    /// `bench/floor/floor.lua` by EVALSHA.
-    Floor,
+    /// `bench/floor/floor.lua` by EVALSHA, or with a dedup window
+    /// `bench/floor/floor_dedup.lua`.
+    Floor { dedup: bool },
     /// BullMQ's `addBulk` (bulk) or `add`, by `bench/peer/bullmq.mjs
     /// --count` (only with `--peer`).
     Peer { bulk: bool },
@@ -59,7 +61,7 @@ impl Shape {
     /// 0.1% of ours, but up to 0.8% of the floor's, which does much less per
     /// command.
     pub(super) fn starts(&self) -> usize {
-        if self.route == Route::Floor {
+        if matches!(self.route, Route::Floor { .. }) {
             FLOOR_STARTS
         } else {
             1
@@ -72,7 +74,7 @@ pub(super) const ROUND_ITEMS: usize = 16;
 /// Shards of `rounds` and `sharded`: the service's default.
 pub(super) const ROUND_SHARDS: u16 = 16;
 
-pub(super) const SHAPES: [Shape; 7] = [
+pub(super) const SHAPES: [Shape; 8] = [
     Shape {
         name: "addmany",
         route: Route::Store { rules: false },
@@ -110,16 +112,23 @@ pub(super) const SHAPES: [Shape; 7] = [
     },
     Shape {
         name: "floor_addmany",
-        route: Route::Floor,
+        route: Route::Floor { dedup: false },
         items: ITEMS,
         per_call: PER_CALL,
         shards: 1,
     },
     Shape {
         name: "floor_unary",
-        route: Route::Floor,
+        route: Route::Floor { dedup: false },
         items: UNARY_ITEMS,
         per_call: 1,
+        shards: 1,
+    },
+    Shape {
+        name: "floor_dedup",
+        route: Route::Floor { dedup: true },
+        items: ITEMS,
+        per_call: PER_CALL,
         shards: 1,
     },
 ];

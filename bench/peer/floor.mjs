@@ -1,0 +1,132 @@
+// The frozen floor scripts (bench/floor/) under AddMany's load, driven as
+// bullmq.mjs drives BullMQ: the same client library (ioredis, one shared
+// connection), the same closed loop, warm-up and window, and redis-server's
+// user+sys CPU (/proc/PID/stat) read at the window's edges. It gives the
+// sitting of bench/peer/run a floor in Redis CPU time beside BullMQ's
+// addBulk and batcher's scenario 1.
+//
+// 16 callers each loop one EVALSHA of 100 items, all of one shard (as a
+// shard's add call of scenario 1, which merges what queued for the shard):
+// the shard drawn at random of 16, each item's key at random of the shard's
+// 625 of 10k 15-byte keys, a fresh 25-byte id and a 32-byte payload. Groups
+// flush at 10 items, due after 60 s (none falls due in the window).
+//
+//   node floor.mjs --redis-port P --redis-pid PID --script floor.lua|floor_dedup.lua
+//     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1]
+//
+// floor_dedup.lua gets the shard's flushed set and a 10-minute window, the
+// service's default. Prints one line of JSON.
+
+import { readFileSync } from 'node:fs';
+import { basename } from 'node:path';
+import IORedis from 'ioredis';
+
+const flags = {};
+for (let i = 2; i < process.argv.length; i += 2) {
+  const name = process.argv[i];
+  if (!name.startsWith('--') || i + 1 >= process.argv.length) {
+    console.error(`floor.mjs: expected --flag value pairs, got ${name}`);
+    process.exit(2);
+  }
+  flags[name.slice(2)] = process.argv[i + 1];
+}
+const script = flags.script ?? 'floor.lua';
+if (script !== 'floor.lua' && script !== 'floor_dedup.lua') {
+  console.error(`floor.mjs: --script must be floor.lua or floor_dedup.lua, not ${script}`);
+  process.exit(2);
+}
+const dedup = script === 'floor_dedup.lua';
+const port = Number(flags['redis-port'] ?? 6379);
+const pid = flags['redis-pid'] ? Number(flags['redis-pid']) : null;
+const callers = Number(flags.callers ?? 16);
+const bulk = Number(flags.bulk ?? 100);
+const seconds = Number(flags.seconds ?? 10);
+const warmup = Number(flags.warmup ?? 1);
+
+const SHARDS = 16;
+const KEYS = 10_000;
+const MAX_ITEMS = 10;
+const MAX_WAIT_MS = 60_000;
+const WINDOW_MS = 600_000;
+
+// redis-server's user+sys CPU time so far, in seconds; null without a pid.
+function redisCpu() {
+  if (pid === null) return null;
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
+
+const redis = new IORedis({ host: '127.0.0.1', port, maxRetriesPerRequest: null });
+const source = readFileSync(new URL(`../floor/${script}`, import.meta.url), 'utf8');
+const sha = await redis.script('LOAD', source);
+
+const key = (n) => `bench-k-${String(n).padStart(7, '0')}`;
+const payload = 'p'.repeat(32);
+
+// One call's KEYS and ARGV: `bulk` items of one shard.
+function call(caller, seq) {
+  const shard = Math.floor(Math.random() * SHARDS);
+  const tag = `{floor:${shard}}`;
+  const keys = [`${tag}:due`, `${tag}:stream`];
+  const args = [MAX_ITEMS, MAX_WAIT_MS];
+  if (dedup) {
+    keys.push(`${tag}:flushed`);
+    args.push(WINDOW_MS);
+  }
+  const groups = new Map();
+  for (let i = 0; i < bulk; i++) {
+    const k = key(shard + SHARDS * Math.floor(Math.random() * (KEYS / SHARDS)));
+    let g = groups.get(k);
+    if (g === undefined) {
+      g = groups.size + 1;
+      groups.set(k, g);
+      keys.push(`${tag}:g:${k}`);
+    }
+    args.push(g, `id-${String(caller).padStart(4, '0')}-${String(seq + i).padStart(17, '0')}`, payload);
+  }
+  return [keys, args];
+}
+
+const now = () => performance.now() / 1000;
+const start = now() + warmup;
+const end = start + seconds;
+let cpuStart = null;
+let cpuEnd = null;
+const meter = new Promise((resolve) => {
+  setTimeout(() => {
+    cpuStart = redisCpu();
+    setTimeout(() => {
+      cpuEnd = redisCpu();
+      resolve();
+    }, seconds * 1000);
+  }, warmup * 1000);
+});
+
+let items = 0;
+let added = 0;
+async function caller(c) {
+  let seq = 0;
+  while (now() < end) {
+    const [keys, args] = call(c, seq);
+    seq += bulk;
+    const reply = await redis.evalsha(sha, keys.length, ...keys, ...args);
+    const t = now();
+    if (t >= start && t < end) {
+      items += bulk;
+      added += reply.filter((r) => r !== 0).length;
+    }
+  }
+}
+await Promise.all([...Array.from({ length: callers }, (_, c) => caller(c)), meter]);
+await redis.quit();
+
+if (added !== items) {
+  console.error(`floor.mjs: ${items - added} of ${items} fresh items were not added`);
+  process.exit(1);
+}
+const out = { floor: basename(script, '.lua'), callers, bulk, seconds, items, rate: items / seconds };
+if (cpuStart !== null) {
+  out.redis_cpu_us_per_item = Number((((cpuEnd - cpuStart) * 1e6) / items).toFixed(2));
+}
+console.log(JSON.stringify(out));
