@@ -39,7 +39,8 @@ end
 -- A call's header (see add_call.lua), parsed once per distinct header.
 local header_of = memo(function(h)
   local dedup, np, ng, shape = unpack_struct('<dddd', h)
-  return { dedup = dedup, np = np, ng = ng, shape = SHAPES[shape] }
+  local lead = #h > 32 and unpack_struct('<d', h, 33) or 0
+  return { dedup = dedup, np = np, ng = ng, shape = SHAPES[shape], lead = lead }
 end, 1024)
 
 -- The state of the call in progress, per group g and per item i: arrays
@@ -109,10 +110,10 @@ local function lookup_flushed(flushed, n)
   end
 end
 
--- Each item's group, flags and flushed-set member, and the chain of each
--- group's arrivals in order.
-local function arrivals(n, flushed)
-  for i = 1, n do
+-- Items from..n: each one's group, flags and flushed-set member, and the
+-- chain of each group's arrivals in order.
+local function arrivals(from, n)
+  for i = from, n do
     local garg, g = G_AT and A[B + S * i], 1
     if garg then g = NUMBER[garg] end
     close[i], requeue_of[i] = false, false
@@ -126,7 +127,6 @@ local function arrivals(n, flushed)
     if last_arrival[g] then next_arrival[last_arrival[g]] = i else first_arrival[g] = i end
     last_arrival[g] = i
   end
-  lookup_flushed(flushed, n)
 end
 
 -- Group g's due time when it is not known here: only the due set holds it.

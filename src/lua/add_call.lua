@@ -9,7 +9,10 @@
 --   batch's stream time), given when an item is requeued
 -- ARGV[1]: the call's header, struct '<dddd': the dedup window (ms), P (the
 --   count of policies), G (of groups) and the shape of an item's
---   arguments (see below)
+--   arguments (see below); then, when items carry group numbers, may come
+--   a fifth double, L: groups 1..L each get one item and no flags, items
+--   1..L (item g is group g's), and the rest are the other groups' (the
+--   lead, taken as a call of one item per group)
 -- ARGV[2..P+1]: the P policies, packed (see policy_of)
 -- then per group: its key, and when P > 1 its policy's number (1..P)
 -- then per item, by the shape: 3 or 4: its group's number, followed by
@@ -152,20 +155,22 @@ local function add_usual(ctx, g, i, h, p)
   return opened_due(ctx, g, p)
 end
 
--- Takes a call whose n groups each get one item without flags (item g is
--- group g's; the group arguments of g are at args[at + step * (g - 1)];
--- its KEYS start after keys[ko], its policies after args[ao + 1]), with
--- none of the arrival chains: the usual path, or the general one for a
--- group that needs it. Returns the earliest due time it set (0: none).
-local function add_each(ctx, keys, ko, args, ao, np, at, step, n)
-  local one = np == 1 and policy_of(args[ao + 2])
-  for g = 1, n do
+-- Takes the lead: groups 1..lead of the call's ng, each given one item
+-- without flags (item g is group g's; the group arguments of g are at
+-- args[at + step * (g - 1)], its KEYS start after keys[ko], its policies
+-- after args[ao + 1]), with none of the arrival chains: the usual path,
+-- or the general one for a group that needs it. First it looks up the
+-- flushed set's members of items 1..n (those after the lead's are made
+-- already, by arrivals). Returns the earliest due time it set (0: none).
+local function add_lead(ctx, keys, ko, args, ao, np, at, step, lead, ng, n)
+  for g = 1, lead do
     local k = args[at + step * (g - 1)]
     key[g], member[g] = k, k .. SEP .. id_of(g)
   end
   lookup_flushed(ctx.flushed, n)
+  local one = np == 1 and policy_of(args[ao + 2])
   local earliest = 0
-  for g = 1, n do
+  for g = 1, lead do
     local p = one or policy_of(args[ao + 1 + num(args[at + step * (g - 1) + 1])])
     local h = keys[ko + 4 + g]
     local due_at = false
@@ -177,7 +182,7 @@ local function add_each(ctx, keys, ko, args, ao, np, at, step, n)
     if not due_at then
       start_group(g, h, key[g], p)
       first_arrival[g], last_arrival[g], next_arrival[g], close[g], requeue_of[g] = g, g, false, false, false
-      due_at = general(ctx, g, keys[ko + 5 + n])
+      due_at = general(ctx, g, keys[ko + 5 + ng])
     end
     if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end
   end
@@ -190,7 +195,7 @@ local function add(keys, args, now, ko, ao, na)
   now, ko, ao = now or now_ms(), ko or 0, ao or 0
   na = na or #args
   local h = header_of(args[ao + 1])
-  local np, ng, shape = h.np, h.ng, h.shape
+  local np, ng, shape, lead = h.np, h.ng, h.shape, h.lead
   local ctx = context(keys[ko + 1], keys[ko + 2], keys[ko + 3], h.dedup, now)
   local at_group = ao + 2 + np
   local group_args = np > 1 and 2 or 1
@@ -203,15 +208,16 @@ local function add(keys, args, now, ko, ao, na)
   due_set_n, due_gone_n = 0, 0
   local earliest = 0
   if not G_AT and ng == n then
-    earliest = add_each(ctx, keys, ko, args, ao, np, at_group, group_args, n)
+    earliest = add_lead(ctx, keys, ko, args, ao, np, at_group, group_args, n, ng, n)
   else
     local one = np == 1 and policy_of(args[ao + 2])
-    for g = 1, ng do
+    for g = lead + 1, ng do
       local at = at_group + group_args * (g - 1)
       start_group(g, keys[ko + 4 + g], args[at], one or policy_of(args[ao + 1 + num(args[at + 1])]))
     end
-    arrivals(n, ctx.flushed)
-    for g = 1, ng do
+    arrivals(lead + 1, n)
+    earliest = add_lead(ctx, keys, ko, args, ao, np, at_group, group_args, lead, ng, n)
+    for g = lead + 1, ng do
       local p, i, due_at = policy[g], first_arrival[g], false
       if p.usual and usual(g) then
         if next_arrival[i] then

@@ -26,6 +26,14 @@ use crate::policy::{Overflow, Policy};
 ///   item has no ext argument when no item of the call has one, and no
 ///   group number when no item has flags and the call has one group or
 ///   one item per group (the shape is then negative).
+/// - The lead: when items carry group numbers and the call has no limit on
+///   open groups, the groups given a single item without flags come
+///   first, in their order, and so do their items (the rest keep theirs),
+///   and a fifth double of the header counts them: the function takes
+///   them as it takes a call of one item per group, without the arrival
+///   chains a group of several items needs. Only the order in which the
+///   call's groups are taken changes, which nothing but the limits on open
+///   groups can tell; [`AddArgs::into_parts`] says where each item went.
 ///
 /// Items of one key share a group, whose policy is the one given with its
 /// first item. Keys are taken to be of `shard`: the store picks the shard
@@ -45,8 +53,10 @@ pub struct AddArgs<'a> {
     group_caps: Vec<Arc<BTreeMap<String, u64>>>,
     /// Each group's key and its policy's number (from 1).
     group_args: Vec<(Vec<u8>, usize)>,
-    /// Each item's group number with its flags, id, payload and ext.
-    item_args: Vec<[Vec<u8>; 4]>,
+    /// Each item's group number (from 1), flags, id, payload and ext.
+    item_args: Vec<ItemArgs>,
+    /// Whether a group of the call is under a limit on open groups.
+    limited: bool,
     /// Whether an item has flags, and whether one has an ext.
     flags: bool,
     exts: bool,
@@ -79,6 +89,7 @@ impl<'a> AddArgs<'a> {
             group_caps: Vec::new(),
             group_args: Vec::new(),
             item_args: Vec::new(),
+            limited: false,
             flags: false,
             exts: false,
             requeued: false,
@@ -98,12 +109,13 @@ impl<'a> AddArgs<'a> {
     /// `policy`) if it is the key's first item.
     pub fn item(&mut self, key: &'a str, policy: &Policy, id: &[u8], payload: &[u8]) -> &mut Self {
         let group = self.group(key, policy);
-        self.item_args.push([
-            group.to_string().into_bytes(),
-            id.to_vec(),
-            payload.to_vec(),
-            Vec::new(),
-        ]);
+        self.item_args.push(ItemArgs {
+            group,
+            flags: Vec::new(),
+            id: id.to_vec(),
+            payload: payload.to_vec(),
+            ext: Vec::new(),
+        });
         self
     }
 
@@ -118,26 +130,27 @@ impl<'a> AddArgs<'a> {
         close: bool,
         requeue_of: Option<&str>,
     ) -> &mut Self {
-        let number = self.group(key, policy);
-        let mut group = number.to_string();
+        let group = self.group(key, policy);
+        let mut flags = Vec::new();
         if close {
-            group.push('c');
+            flags.push(b'c');
         }
         if let Some(batch) = requeue_of {
-            group.push('q');
-            group.push_str(batch);
+            flags.push(b'q');
+            flags.extend_from_slice(batch.as_bytes());
         }
-        let capacity = &self.group_caps[number - 1];
+        let capacity = &self.group_caps[group - 1];
         let ext = ext::packed(item, capacity);
-        self.flags |= close || requeue_of.is_some();
+        self.flags |= !flags.is_empty();
         self.requeued |= requeue_of.is_some();
         self.exts |= !ext.is_empty();
-        self.item_args.push([
-            group.into_bytes(),
-            item.id.clone(),
-            item.payload.clone(),
+        self.item_args.push(ItemArgs {
+            group,
+            flags,
+            id: item.id.clone(),
+            payload: item.payload.clone(),
             ext,
-        ]);
+        });
         self
     }
 
@@ -157,6 +170,7 @@ impl<'a> AddArgs<'a> {
                     policy: crate::policy::per_shard(policy.max_groups, self.keyspace.shards()),
                     shard: self.open_limit,
                 };
+                self.limited |= limits.policy > 0 || limits.shard > 0;
                 let packed = packed_policy(policy, self.now_ms, limits);
                 self.policies.push((policy.clone(), packed));
                 self.policies.len() - 1
@@ -166,8 +180,21 @@ impl<'a> AddArgs<'a> {
         number
     }
 
-    /// The call's KEYS and ARGV.
-    pub fn into_parts(self) -> (Vec<String>, Vec<Vec<u8>>) {
+    /// The call's KEYS and ARGV, and where each item went: the reply to
+    /// the call's `j`-th item is the reply to the `order[j]`-th item given
+    /// (the lead, see the type, moves some ahead).
+    pub fn into_parts(mut self) -> (Vec<String>, Vec<Vec<u8>>, Vec<usize>) {
+        // Each item's arguments: its id and payload, its ext when an item
+        // of the call has one, and its group's number first unless no item
+        // has flags and the call has one group or one item per group.
+        let groups = self.group_args.len();
+        let numbered = self.flags || (groups > 1 && groups < self.item_args.len());
+        let mut order: Vec<usize> = (0..self.item_args.len()).collect();
+        let lead = if numbered && !self.limited {
+            self.lead_first(&mut order)
+        } else {
+            0
+        };
         let shard = self.keyspace.shard(self.shard);
         let mut keys = Vec::with_capacity(5 + self.group_keys.len());
         keys.extend([shard.due, shard.stream, shard.flushed, shard.open_index]);
@@ -175,11 +202,6 @@ impl<'a> AddArgs<'a> {
         if self.requeued {
             keys.push(shard.requeued);
         }
-        // Each item's arguments: its id and payload, its ext when an item
-        // of the call has one, and its group's number first unless no item
-        // has flags and the call has one group or one item per group.
-        let groups = self.group_args.len();
-        let numbered = self.flags || (groups > 1 && groups < self.item_args.len());
         let per_item = 2 + usize::from(numbered) + usize::from(self.exts);
         let shape = if numbered {
             per_item as f64
@@ -187,12 +209,15 @@ impl<'a> AddArgs<'a> {
             -(per_item as f64)
         };
         let policies = self.policies.len();
-        let header = [
+        let mut header = vec![
             self.dedup.as_millis() as f64,
             policies as f64,
             groups as f64,
             shape,
         ];
+        if lead > 0 {
+            header.push(lead as f64);
+        }
         let mut args = Vec::with_capacity(
             1 + policies + 2 * self.group_args.len() + per_item * self.item_args.len(),
         );
@@ -204,17 +229,88 @@ impl<'a> AddArgs<'a> {
                 args.push(policy.to_string().into_bytes());
             }
         }
-        for [group, id, payload, ext] in self.item_args {
+        for item in self.item_args {
             if numbered {
+                let mut group = item.group.to_string().into_bytes();
+                group.extend(item.flags);
                 args.push(group);
             }
-            args.extend([id, payload]);
+            args.extend([item.id, item.payload]);
             if self.exts {
-                args.push(ext);
+                args.push(item.ext);
             }
         }
-        (keys, args)
+        (keys, args, order)
     }
+
+    /// Puts the lead (see the type) first: the groups given one item
+    /// without flags, renumbered from 1 in their order, then the others,
+    /// and their items likewise; `order` follows the items. Returns how
+    /// many groups lead.
+    fn lead_first(&mut self, order: &mut Vec<usize>) -> usize {
+        let groups = self.group_args.len();
+        let mut items_of = vec![0usize; groups];
+        let mut flagged = vec![false; groups];
+        for item in &self.item_args {
+            items_of[item.group - 1] += 1;
+            flagged[item.group - 1] |= !item.flags.is_empty();
+        }
+        let leads = |g: usize| items_of[g] == 1 && !flagged[g];
+        let lead = (0..groups).filter(|&g| leads(g)).count();
+        if lead == 0 || lead == groups {
+            return lead;
+        }
+        // The new number of each group: the lead's first, then the rest's.
+        let mut renumber = vec![0; groups];
+        let (mut next_lead, mut next_rest) = (1, lead + 1);
+        for (g, number) in renumber.iter_mut().enumerate() {
+            let next = if leads(g) {
+                &mut next_lead
+            } else {
+                &mut next_rest
+            };
+            *number = *next;
+            *next += 1;
+        }
+        self.group_keys = renumbered(std::mem::take(&mut self.group_keys), &renumber);
+        self.group_args = renumbered(std::mem::take(&mut self.group_args), &renumber);
+        self.group_caps = renumbered(std::mem::take(&mut self.group_caps), &renumber);
+        for item in &mut self.item_args {
+            item.group = renumber[item.group - 1];
+        }
+        // The lead's items first (their groups are in their order), then
+        // the rest's in theirs.
+        let mut items: Vec<(usize, ItemArgs)> = order
+            .drain(..)
+            .zip(std::mem::take(&mut self.item_args))
+            .collect();
+        items.sort_by_key(|(_, item)| item.group > lead);
+        for (at, item) in items {
+            order.push(at);
+            self.item_args.push(item);
+        }
+        lead
+    }
+}
+
+/// `list`, one entry per group, in the groups' new order: group `g`'s
+/// entry (at `g - 1`) goes to `renumber[g - 1] - 1`.
+fn renumbered<T>(list: Vec<T>, renumber: &[usize]) -> Vec<T> {
+    let mut placed: Vec<(usize, T)> = renumber.iter().copied().zip(list).collect();
+    placed.sort_unstable_by_key(|(number, _)| *number);
+    placed.into_iter().map(|(_, v)| v).collect()
+}
+
+/// One item's arguments.
+struct ItemArgs {
+    /// Its group's number, from 1.
+    group: usize,
+    /// `c` to close the group after it, `q` and a batch id for an item
+    /// requeued from that batch, or nothing.
+    flags: Vec<u8>,
+    id: Vec<u8>,
+    payload: Vec<u8>,
+    ext: Vec<u8>,
 }
 
 /// The limits on open groups one shard enforces for a policy's keys (0:
@@ -287,7 +383,9 @@ mod tests {
 
     /// Items of one key share a group; each distinct policy is packed once,
     /// and each group and item lands where the add function reads it, with
-    /// no ext argument when no item has one.
+    /// no ext argument when no item has one: the groups given one item
+    /// first (the lead, counted in the header), and the order says which
+    /// item each reply is to.
     #[test]
     fn lays_out_policies_groups_then_items() {
         let keyspace = Keyspace::new("t", 4);
@@ -298,13 +396,13 @@ mod tests {
             .item("b", &policy(5, Some(64)), b"2", b"")
             .item("c", &policy(10, None), b"3", b"y")
             .item("a", &policy(99, None), b"4", b"z");
-        let (keys, argv) = args.into_parts();
+        let (keys, argv, order) = args.into_parts();
         assert_eq!(
             keys,
-            ["due", "batches", "flushed", "open", "g:a", "g:b", "g:c"]
+            ["due", "batches", "flushed", "open", "g:b", "g:c", "g:a"]
                 .map(|k| format!("{}:{k}", keyspace.tag(2)))
         );
-        assert_eq!(header(&argv[0]), [60000.0, 2.0, 3.0, 3.0]);
+        assert_eq!(header(&argv[0]), [60000.0, 2.0, 3.0, 3.0, 2.0]);
         let first = argv[1].chunks_exact(8).next().unwrap();
         assert_eq!(f64::from_le_bytes(first.try_into().unwrap()), 10.0);
         // 14 doubles, no capacity, no scope, no measure names.
@@ -312,10 +410,27 @@ mod tests {
         assert_eq!(
             texts(&argv[3..]),
             [
-                "a", "1", "b", "2", "c", "1", "1", "1", "x", "2", "2", "", "3", "3", "y", "1", "4",
+                "b", "2", "c", "1", "a", "1", "1", "2", "", "2", "3", "y", "3", "1", "x", "3", "4",
                 "z"
             ]
         );
+        assert_eq!(order, [1, 2, 0, 3]);
+
+        // Under a limit on open groups, the order of the groups is theirs.
+        let mut args = AddArgs::new(&keyspace, 2, Duration::from_secs(60)).with_open_limit(8);
+        args.item("a", &policy(10, None), b"1", b"x")
+            .item("b", &policy(10, None), b"2", b"")
+            .item("a", &policy(10, None), b"3", b"y");
+        let (keys, argv, order) = args.into_parts();
+        assert_eq!(
+            &keys[4..],
+            [
+                format!("{}:g:a", keyspace.tag(2)),
+                format!("{}:g:b", keyspace.tag(2))
+            ]
+        );
+        assert_eq!(header(&argv[0]), [60000.0, 1.0, 2.0, 3.0]);
+        assert_eq!(order, [0, 1, 2]);
     }
 
     /// A call of one group, or of one item per group, and no flags or exts
@@ -329,7 +444,7 @@ mod tests {
         let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
         args.item("a", &policy, b"1", b"x")
             .item("a", &policy, b"2", b"y");
-        let (keys, argv) = args.into_parts();
+        let (keys, argv, _) = args.into_parts();
         assert_eq!(keys.len(), 5);
         assert_eq!(header(&argv[0]), [5000.0, 1.0, 1.0, -2.0]);
         assert_eq!(texts(&argv[2..]), ["a", "1", "x", "2", "y"]);
@@ -339,7 +454,7 @@ mod tests {
         let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
         args.item("a", &policy, b"1", b"x")
             .item("b", &policy, b"2", b"y");
-        let (_, argv) = args.into_parts();
+        let (_, argv, _) = args.into_parts();
         assert_eq!(header(&argv[0]), [5000.0, 1.0, 2.0, -2.0]);
         assert_eq!(texts(&argv[2..]), ["a", "b", "1", "x", "2", "y"]);
         let dated = Item {
@@ -351,7 +466,7 @@ mod tests {
         let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
         args.item("a", &policy, b"1", b"x")
             .item_with("b", &policy, &dated, false, None);
-        let (_, argv) = args.into_parts();
+        let (_, argv, _) = args.into_parts();
         assert_eq!(header(&argv[0]), [5000.0, 1.0, 2.0, -3.0]);
         assert_eq!(texts(&argv[2..7]), ["a", "b", "1", "x", ""]);
         assert_eq!((&argv[7][..], &argv[8][..]), (&b"2"[..], &b"y"[..]));
@@ -365,7 +480,7 @@ mod tests {
         };
         let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
         args.item_with("a", &policy, &item, true, Some("7-0-b"));
-        let (keys, argv) = args.into_parts();
+        let (keys, argv, _) = args.into_parts();
         assert_eq!(
             keys.last().unwrap(),
             &format!("{}:requeued", keyspace.tag(1))
@@ -403,7 +518,7 @@ mod tests {
         policy.scope = Some("kscan-*".into());
         let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60)).with_open_limit(9);
         args.item("scan-1", &policy, b"1", b"x");
-        let (_, argv) = args.into_parts();
+        let (_, argv, _) = args.into_parts();
         let packed = &argv[1];
         let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
         assert_eq!(
@@ -415,7 +530,7 @@ mod tests {
         policy.scope = None;
         let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60));
         args.item("scan-1", &policy, b"1", b"x");
-        let (_, argv) = args.into_parts();
+        let (_, argv, _) = args.into_parts();
         let packed = &argv[1];
         let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
         assert_eq!((double(10), double(11), double(13)), (0.0, 0.0, 0.0));

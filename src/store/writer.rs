@@ -135,7 +135,7 @@ impl AddWriter {
 
     /// One add function call for `items`, all of this shard, in order.
     async fn call(&self, items: &[&NewItem]) -> Result<ShardReply> {
-        let (keys, args) = self.args(items);
+        let (keys, args, order) = self.args(items);
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let reply: AddReply = invoke(
             &self.conn,
@@ -145,11 +145,12 @@ impl AddWriter {
             args,
         )
         .await?;
-        self.results(items, reply)
+        self.results(items, reply, &order)
     }
 
-    /// The add function's KEYS and ARGV for `items`, all of this shard.
-    fn args(&self, items: &[&NewItem]) -> (Vec<String>, Vec<Vec<u8>>) {
+    /// The add function's KEYS and ARGV for `items`, all of this shard,
+    /// and which item each reply is to ([`AddArgs::into_parts`]).
+    fn args(&self, items: &[&NewItem]) -> (Vec<String>, Vec<Vec<u8>>, Vec<usize>) {
         let open_limit = self.open_limit.load(Ordering::Relaxed);
         let mut args = AddArgs::new(&self.keys, self.shard, self.dedup).with_open_limit(open_limit);
         for new in items {
@@ -164,15 +165,19 @@ impl AddWriter {
         args.into_parts()
     }
 
-    /// The results of `items` from the add function's reply to them. The
-    /// batches it flushed are recorded in the metrics, and traced.
-    fn results(&self, items: &[&NewItem], reply: AddReply) -> Result<ShardReply> {
+    /// The results of `items` from the add function's reply to them, the
+    /// `j`-th reply being to item `order[j]`. The batches it flushed are
+    /// recorded in the metrics, and traced.
+    fn results(&self, items: &[&NewItem], reply: AddReply, order: &[usize]) -> Result<ShardReply> {
         let earliest = reply.earliest;
         let (replies, rooms) = reply
             .split(items.len())
             .map_err(|e| DecodeError(e.to_string()))?;
+        let mut replies: Vec<_> = order.iter().copied().zip(replies).collect();
+        replies.sort_unstable_by_key(|(at, _)| *at);
         let results = replies
             .into_iter()
+            .map(|(_, reply)| reply)
             .zip(items)
             .map(|((outcome, group_size, batch), new)| {
                 let flushed: Vec<Batch> = batch
@@ -246,11 +251,13 @@ async fn answer_shards(parts: Vec<ShardBatch<'_>>) {
     let mut counts = vec![parts.len() as f64];
     let mut keys = Vec::new();
     let mut args = vec![Vec::new()];
+    let mut orders = Vec::with_capacity(parts.len());
     for ((writer, _), items) in parts.iter().zip(&items) {
-        let (k, a) = writer.args(items);
+        let (k, a, order) = writer.args(items);
         counts.extend([k.len() as f64, a.len() as f64]);
         keys.extend(k);
         args.extend(a);
+        orders.push(order);
     }
     args[0] = counts.into_iter().flat_map(f64::to_le_bytes).collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -271,8 +278,8 @@ async fn answer_shards(parts: Vec<ShardBatch<'_>>) {
     let results: Vec<Result<ShardReply>> = parts
         .iter()
         .zip(&items)
-        .zip(replies)
-        .map(|(((writer, _), items), reply)| writer.results(items, reply?))
+        .zip(replies.into_iter().zip(&orders))
+        .map(|(((writer, _), items), (reply, order))| writer.results(items, reply?, order))
         .collect();
     drop(items);
     for ((_, batch), reply) in parts.into_iter().zip(results) {
