@@ -165,7 +165,7 @@ end
 local function add_lead(ctx, keys, ko, args, ao, np, at, step, lead, ng, n)
   for g = 1, lead do
     local k = args[at + step * (g - 1)]
-    key[g], member[g] = k, k .. SEP .. id_of(g)
+    key[g], member[g] = k, k .. SEP .. A[B + S * g + ID_AT]
   end
   lookup_flushed(ctx.flushed, n)
   local one = np == 1 and policy_of(args[ao + 2])
