@@ -24,16 +24,9 @@
 import { readFileSync } from 'node:fs';
 import { Queue } from 'bullmq';
 import IORedis from 'ioredis';
+import { parseFlags, redisCpu } from './common.mjs';
 
-const flags = {};
-for (let i = 2; i < process.argv.length; i += 2) {
-  const name = process.argv[i];
-  if (!name.startsWith('--') || i + 1 >= process.argv.length) {
-    console.error(`bullmq.mjs: expected --flag value pairs, got ${name}`);
-    process.exit(2);
-  }
-  flags[name.slice(2)] = process.argv[i + 1];
-}
+const flags = parseFlags('bullmq.mjs');
 const mode = flags.mode ?? 'addBulk';
 if (mode !== 'addBulk' && mode !== 'add') {
   console.error(`bullmq.mjs: --mode must be addBulk or add, not ${mode}`);
@@ -53,15 +46,6 @@ const KEYS = 10_000;
 const version = JSON.parse(
   readFileSync(new URL('./node_modules/bullmq/package.json', import.meta.url)),
 ).version;
-
-// redis-server's user+sys CPU time so far, in seconds; null without a pid.
-const ticks = 100; // USER_HZ on Linux
-function redisCpu() {
-  if (pid === null) return null;
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return (Number(fields[11]) + Number(fields[12])) / ticks;
-}
 
 // 15-byte key, 25-byte id, 32-byte payload, as the bench's items.
 const key = (n) => `bench-k-${String(n).padStart(7, '0')}`;
@@ -132,10 +116,10 @@ let ownStart = null;
 let ownCpu = null;
 const meter = new Promise((resolve) => {
   setTimeout(() => {
-    cpuStart = redisCpu();
+    cpuStart = redisCpu(pid);
     ownStart = process.cpuUsage();
     setTimeout(() => {
-      cpuEnd = redisCpu();
+      cpuEnd = redisCpu(pid);
       const own = process.cpuUsage(ownStart);
       ownCpu = (own.user + own.system) / 1e6;
       resolve();

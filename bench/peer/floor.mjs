@@ -20,16 +20,9 @@
 import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
 import IORedis from 'ioredis';
+import { parseFlags, redisCpu } from './common.mjs';
 
-const flags = {};
-for (let i = 2; i < process.argv.length; i += 2) {
-  const name = process.argv[i];
-  if (!name.startsWith('--') || i + 1 >= process.argv.length) {
-    console.error(`floor.mjs: expected --flag value pairs, got ${name}`);
-    process.exit(2);
-  }
-  flags[name.slice(2)] = process.argv[i + 1];
-}
+const flags = parseFlags('floor.mjs');
 const script = flags.script ?? 'floor.lua';
 if (script !== 'floor.lua' && script !== 'floor_dedup.lua') {
   console.error(`floor.mjs: --script must be floor.lua or floor_dedup.lua, not ${script}`);
@@ -48,14 +41,6 @@ const KEYS = 10_000;
 const MAX_ITEMS = 10;
 const MAX_WAIT_MS = 60_000;
 const WINDOW_MS = 600_000;
-
-// redis-server's user+sys CPU time so far, in seconds; null without a pid.
-function redisCpu() {
-  if (pid === null) return null;
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return (Number(fields[11]) + Number(fields[12])) / 100;
-}
 
 const redis = new IORedis({ host: '127.0.0.1', port, maxRetriesPerRequest: null });
 const source = readFileSync(new URL(`../floor/${script}`, import.meta.url), 'utf8');
@@ -95,9 +80,9 @@ let cpuStart = null;
 let cpuEnd = null;
 const meter = new Promise((resolve) => {
   setTimeout(() => {
-    cpuStart = redisCpu();
+    cpuStart = redisCpu(pid);
     setTimeout(() => {
-      cpuEnd = redisCpu();
+      cpuEnd = redisCpu(pid);
       resolve();
     }, seconds * 1000);
   }, warmup * 1000);
