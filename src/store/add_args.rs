@@ -180,16 +180,17 @@ impl<'a> AddArgs<'a> {
         number
     }
 
-    /// The call's KEYS and ARGV, and where each item went: the reply to
-    /// the call's `j`-th item is the reply to the `order[j]`-th item given
-    /// (the lead, see the type, moves some ahead).
+    /// The call's KEYS and ARGV, and where each item went when the lead
+    /// (see the type) moved some ahead: the reply to the call's `j`-th
+    /// item is the reply to the `order[j]`-th item given. `order` is empty
+    /// when every item kept its place.
     pub fn into_parts(mut self) -> (Vec<String>, Vec<Vec<u8>>, Vec<usize>) {
         // Each item's arguments: its id and payload, its ext when an item
         // of the call has one, and its group's number first unless no item
         // has flags and the call has one group or one item per group.
         let groups = self.group_args.len();
         let numbered = self.flags || (groups > 1 && groups < self.item_args.len());
-        let mut order: Vec<usize> = (0..self.item_args.len()).collect();
+        let mut order = Vec::new();
         let lead = if numbered && !self.limited {
             self.lead_first(&mut order)
         } else {
@@ -245,8 +246,8 @@ impl<'a> AddArgs<'a> {
 
     /// Puts the lead (see the type) first: the groups given one item
     /// without flags, renumbered from 1 in their order, then the others,
-    /// and their items likewise; `order` follows the items. Returns how
-    /// many groups lead.
+    /// and their items likewise, writing into `order` where each item came
+    /// from (nothing when none moves). Returns how many groups lead.
     fn lead_first(&mut self, order: &mut Vec<usize>) -> usize {
         let groups = self.group_args.len();
         let mut items_of = vec![0usize; groups];
@@ -274,15 +275,14 @@ impl<'a> AddArgs<'a> {
         }
         self.group_keys = renumbered(std::mem::take(&mut self.group_keys), &renumber);
         self.group_args = renumbered(std::mem::take(&mut self.group_args), &renumber);
-        self.group_caps = renumbered(std::mem::take(&mut self.group_caps), &renumber);
         for item in &mut self.item_args {
             item.group = renumber[item.group - 1];
         }
         // The lead's items first (their groups are in their order), then
         // the rest's in theirs.
-        let mut items: Vec<(usize, ItemArgs)> = order
-            .drain(..)
-            .zip(std::mem::take(&mut self.item_args))
+        let mut items: Vec<(usize, ItemArgs)> = std::mem::take(&mut self.item_args)
+            .into_iter()
+            .enumerate()
             .collect();
         items.sort_by_key(|(_, item)| item.group > lead);
         for (at, item) in items {
@@ -430,7 +430,7 @@ mod tests {
             ]
         );
         assert_eq!(header(&argv[0]), [60000.0, 1.0, 2.0, 3.0]);
-        assert_eq!(order, [0, 1, 2]);
+        assert!(order.is_empty(), "no item moved");
     }
 
     /// A call of one group, or of one item per group, and no flags or exts

@@ -166,18 +166,23 @@ impl AddWriter {
     }
 
     /// The results of `items` from the add function's reply to them, the
-    /// `j`-th reply being to item `order[j]`. The batches it flushed are
-    /// recorded in the metrics, and traced.
+    /// `j`-th reply being to item `order[j]` (to item `j` when `order` is
+    /// empty). The batches it flushed are recorded in the metrics, and
+    /// traced.
     fn results(&self, items: &[&NewItem], reply: AddReply, order: &[usize]) -> Result<ShardReply> {
         let earliest = reply.earliest;
         let (replies, rooms) = reply
             .split(items.len())
             .map_err(|e| DecodeError(e.to_string()))?;
-        let mut replies: Vec<_> = order.iter().copied().zip(replies).collect();
-        replies.sort_unstable_by_key(|(at, _)| *at);
+        let replies = if order.is_empty() {
+            replies
+        } else {
+            let mut placed: Vec<_> = order.iter().copied().zip(replies).collect();
+            placed.sort_unstable_by_key(|(at, _)| *at);
+            placed.into_iter().map(|(_, reply)| reply).collect()
+        };
         let results = replies
             .into_iter()
-            .map(|(_, reply)| reply)
             .zip(items)
             .map(|((outcome, group_size, batch), new)| {
                 let flushed: Vec<Batch> = batch
