@@ -1,6 +1,8 @@
 //! The add function's paths agree: parcels under every rule that holds still
 //! get the same answers whether each call brings a group one item (the
-//! ruled path, `src/lua/add_ruled.lua`) or several (the general path).
+//! ruled path, `src/lua/add_ruled.lua`) or several (the general path); and
+//! AddMany answers in request order whichever path a shard's call takes
+//! (groups of several items, and the lead of groups given one).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,8 +12,11 @@ use batcher::batch::{AddOutcome, AddResult, FlushReason, Item};
 use batcher::policy::Policy;
 use batcher::store::NewItem;
 
+use batcher::pb;
+
+use crate::api::setup;
 use crate::policy_scripts::open;
-use crate::support::RedisServer;
+use crate::support::{RedisServer, add, add_many};
 
 /// Parcels under every rule that holds still (capacity by two measures,
 /// deadlines, min_items, max_idle, max_age), added one to a call (one item
@@ -119,4 +124,85 @@ async fn one_item_calls_and_many_item_calls_agree_under_every_rule() {
         };
         assert_eq!(view(&x), view(&y), "{key}");
     }
+}
+
+/// AddMany returns results in request order, flushing groups as they fill, across shards.
+#[tokio::test]
+async fn add_many_results_in_request_order() {
+    let (_redis, service, mut client) = setup().await;
+    let mut items = Vec::new();
+    for i in 0..7 {
+        for key in ["a", "b", "c", "d", "e"] {
+            items.push(add(key, &i.to_string(), key.as_bytes()));
+        }
+    }
+    let results = add_many(&mut client, items.clone()).await;
+    assert_eq!(results.len(), items.len());
+    for (req, resp) in items.iter().zip(&results) {
+        let i: u32 = req.item.as_ref().unwrap().id.parse().unwrap();
+        // max_items is 3: ids 2 and 5 complete a batch.
+        let expected_size = (i + 1) % 3;
+        assert_eq!(resp.group_size, expected_size, "key {} id {i}", req.key);
+        assert_eq!(resp.flushed.is_some(), expected_size == 0);
+        if let Some(batch) = &resp.flushed {
+            assert_eq!(batch.key, req.key);
+            assert_eq!(batch.items.len(), 3);
+        }
+    }
+    service.stop().await;
+}
+
+/// AddMany answers each item in request order when a shard's call takes the
+/// groups given one item ahead of the others (the lead): fills, flushes of
+/// groups opened before and duplicates land on the items they belong to.
+#[tokio::test]
+async fn add_many_results_in_request_order_when_single_item_groups_lead() {
+    let (_redis, service, mut client) = setup().await;
+    // Groups one item short of max_items (3), and an id already flushed.
+    for j in 0..12 {
+        for id in ["a", "b"] {
+            client.add(add(&format!("k{j}"), id, b"")).await.unwrap();
+        }
+    }
+    for id in ["x", "y", "z"] {
+        client.add(add("dup", id, b"")).await.unwrap();
+    }
+    // Per item: its key, id, the group size after it, and the ids of the
+    // batch it flushes (empty: none), or None for a duplicate.
+    type Added = Option<(u32, Vec<&'static str>)>;
+    let mut expected: Vec<(String, String, Added)> = Vec::new();
+    for j in 0..12 {
+        let (m, k, s) = (format!("m{j}"), format!("k{j}"), format!("s{j}"));
+        expected.push((m.clone(), "1".into(), Some((1, vec![]))));
+        expected.push((k, "c".into(), Some((0, vec!["a", "b", "c"]))));
+        expected.push((s, "1".into(), Some((1, vec![]))));
+        expected.push((m, "2".into(), Some((2, vec![]))));
+        if j == 5 {
+            expected.push(("dup".into(), "y".into(), None));
+        }
+    }
+    let items: Vec<_> = (expected.iter())
+        .map(|(key, id, _)| add(key, id, b"p"))
+        .collect();
+    let results = add_many(&mut client, items).await;
+    assert_eq!(results.len(), expected.len());
+    for ((key, id, want), got) in expected.iter().zip(&results) {
+        match want {
+            None => {
+                assert_eq!(got.outcome, pb::AddOutcome::Duplicate as i32, "{key}/{id}");
+            }
+            Some((size, batch)) => {
+                assert_eq!(got.outcome, pb::AddOutcome::Added as i32, "{key}/{id}");
+                assert_eq!(got.group_size, *size, "{key}/{id}");
+                let ids: Vec<&str> = (got.flushed.iter())
+                    .flat_map(|b| b.items.iter().map(|i| i.id.as_str()))
+                    .collect();
+                assert_eq!(&ids, batch, "{key}/{id}");
+                if let Some(b) = &got.flushed {
+                    assert_eq!(&b.key, key);
+                }
+            }
+        }
+    }
+    service.stop().await;
 }

@@ -11,8 +11,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    RedisServer, Service, add, assert_invalid, config, eventually, next_batch, stream_len,
-    wait_for_calls,
+    RedisServer, Service, add, add_many, assert_invalid, config, eventually, next_batch,
+    stream_len, wait_for_calls,
 };
 use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
@@ -51,13 +51,8 @@ async fn flush_n(client: &mut BatcherClient<Channel>, key: &str, n: usize) -> Ve
     let items = (0..n)
         .map(|i| add(key, &format!("{key}-{i}"), b""))
         .collect();
-    let results = client
-        .add_many(pb::AddManyRequest { items })
+    add_many(client, items)
         .await
-        .unwrap()
-        .into_inner()
-        .results;
-    results
         .into_iter()
         .map(|r| r.flushed.expect("max_items = 1 flushes every add").id)
         .collect()

@@ -162,6 +162,19 @@ pub async fn wait_health(
     .await;
 }
 
+/// One AddMany call of `items`; its results, in request order.
+pub async fn add_many(
+    client: &mut BatcherClient<tonic::transport::Channel>,
+    items: Vec<pb::AddRequest>,
+) -> Vec<pb::AddResponse> {
+    client
+        .add_many(pb::AddManyRequest { items })
+        .await
+        .unwrap()
+        .into_inner()
+        .results
+}
+
 /// Builds an AddRequest.
 pub fn add(key: &str, id: &str, payload: &[u8]) -> pb::AddRequest {
     pb::AddRequest {
