@@ -6,7 +6,10 @@
 //! sleep is timed from when Redis read its clock (the middle of the scan's
 //! round trip), and on waking the task flushes the groups the scan saw
 //! falling due then before it scans again, so a timeout flush waits on one
-//! round trip, not two. It never
+//! round trip, not two. An add that opens a group while a scan is under way
+//! does not wake the task (under load nearly every add lands in a scan, and
+//! each wake was one more scan): its due time is kept, and the plan made
+//! after the scan takes it into account. It never
 //! sleeps longer than `max_sleep`, so it also finds groups that other
 //! instances opened. Pub/sub is not used. Racing sweepers are harmless: the
 //! flush script re-checks that a group is due, so each group yields one batch.
@@ -34,22 +37,75 @@ pub struct SweeperHandle {
     shards: Arc<[ShardWake]>,
 }
 
+/// `ShardWake::planned` while its sweeper scans.
+const SCANNING: u64 = u64::MAX;
+
 struct ShardWake {
-    /// The Redis-clock time (ms) at which the sweeper will next look;
-    /// `u64::MAX` while it is scanning, so every add that lands during a scan
-    /// wakes it again and none is missed.
+    /// The Redis-clock time (ms) at which the sweeper will next look, or
+    /// [`SCANNING`].
     planned: AtomicU64,
+    /// The earliest due time (ms) opened during a scan, for the plan that
+    /// follows it (`u64::MAX`: none).
+    opened: AtomicU64,
     /// Stores a permit when nobody waits, so a wake-up is never lost.
     notify: Notify,
+}
+
+impl ShardWake {
+    fn new() -> ShardWake {
+        ShardWake {
+            planned: AtomicU64::new(SCANNING),
+            opened: AtomicU64::new(u64::MAX),
+            notify: Notify::new(),
+        }
+    }
+
+    /// A group due at `due_ms` was opened: wakes the sweeper when that is
+    /// before its plan, and returns whether it did. During a scan, keeps the
+    /// time for [`ShardWake::plan`] instead. All orderings are SeqCst: if
+    /// the second look still sees a scan, the `fetch_min` came before the
+    /// `swap` in `plan` (which follows the store that ends the scan), so
+    /// the plan takes the time; otherwise the time is weighed against the
+    /// plan here.
+    fn opened(&self, due_ms: u64) -> bool {
+        let mut planned = self.planned.load(Ordering::SeqCst);
+        if planned == SCANNING {
+            self.opened.fetch_min(due_ms, Ordering::SeqCst);
+            planned = self.planned.load(Ordering::SeqCst);
+            if planned == SCANNING {
+                return false;
+            }
+        }
+        if due_ms >= planned {
+            return false;
+        }
+        self.notify.notify_one();
+        true
+    }
+
+    /// A scan begins: adds from now on keep their due times for the plan.
+    fn scanning(&self) {
+        self.planned.store(SCANNING, Ordering::SeqCst);
+    }
+
+    /// The scan is over and planned a look at `wake_at`: returns the time
+    /// to look at, the earlier of that and the due times opened meanwhile.
+    fn plan(&self, wake_at: u64) -> u64 {
+        self.planned.store(wake_at, Ordering::SeqCst);
+        let opened = self.opened.swap(u64::MAX, Ordering::SeqCst);
+        if opened < wake_at {
+            self.planned.store(opened, Ordering::SeqCst);
+            return opened;
+        }
+        wake_at
+    }
 }
 
 impl SweeperHandle {
     /// Tells the sweeper of `shard` that a group due at `due_ms` was opened.
     pub fn opened(&self, shard: u16, due_ms: u64) {
-        if let Some(wake) = self.shards.get(usize::from(shard))
-            && due_ms < wake.planned.load(Ordering::Acquire)
-        {
-            wake.notify.notify_one();
+        if let Some(wake) = self.shards.get(usize::from(shard)) {
+            wake.opened(due_ms);
         }
     }
 }
@@ -64,10 +120,7 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> SweeperHandle {
     let shards: Arc<[ShardWake]> = (0..store.keyspace().shards())
-        .map(|_| ShardWake {
-            planned: AtomicU64::new(u64::MAX),
-            notify: Notify::new(),
-        })
+        .map(|_| ShardWake::new())
         .collect();
     let handle = SweeperHandle { shards };
     for shard in 0..store.keyspace().shards() {
@@ -103,7 +156,7 @@ impl ShardSweeper {
         // us for: flushed at once, without a scan's round trip first.
         let mut expected = Vec::new();
         while !shutdown.is_cancelled() {
-            wake.planned.store(u64::MAX, Ordering::Release);
+            wake.scanning();
             if !expected.is_empty() {
                 let keys = std::mem::take(&mut expected);
                 if !self.flush(&keys, &mut failures, &shutdown).await {
@@ -140,8 +193,7 @@ impl ShardSweeper {
             }
             failures.recovered();
             let horizon = scan.now_ms + max_sleep_ms;
-            let wake_at = scan.next_due_ms.map_or(horizon, |due| due.min(horizon));
-            wake.planned.store(wake_at, Ordering::Release);
+            let wake_at = wake.plan(scan.next_due_ms.map_or(horizon, |due| due.min(horizon)));
             let sleep = Duration::from_millis(wake_at.saturating_sub(scan.now_ms));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -254,5 +306,37 @@ impl Failures {
         }
         self.count = 0;
         self.last_log = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An add during a scan wakes no one, and its due time moves the plan
+    /// that follows the scan only when it is earlier.
+    #[test]
+    fn a_scan_keeps_the_due_times_opened_during_it_for_its_plan() {
+        let wake = ShardWake::new();
+        wake.scanning();
+        assert!(!wake.opened(5_000));
+        assert!(!wake.opened(7_000));
+        assert_eq!(wake.plan(9_000), 5_000);
+        // Taken: the next scan's plan starts afresh.
+        wake.scanning();
+        assert!(!wake.opened(20_000));
+        assert_eq!(wake.plan(9_000), 9_000);
+    }
+
+    /// Between scans an add wakes the sweeper only for a due time before
+    /// its plan.
+    #[test]
+    fn an_add_between_scans_wakes_only_for_an_earlier_due_time() {
+        let wake = ShardWake::new();
+        wake.scanning();
+        assert_eq!(wake.plan(9_000), 9_000);
+        assert!(!wake.opened(9_000));
+        assert!(!wake.opened(12_000));
+        assert!(wake.opened(8_999));
     }
 }
