@@ -63,14 +63,15 @@ local function opened_due(ctx, g, p)
   return due_at
 end
 
--- Whether group g, whose policy is usual (see policy_of), is: the call
--- brings it items with no flag and no deadline, at most MANY of them.
+-- Whether the call brings group g at most MANY items, none with a flag,
+-- and, unless `dated`, none with a deadline: for a usual policy (see
+-- policy_of), whether the group is usual.
 local MANY = 64
-local function usual(g)
+local function usual(g, dated)
   local i, c = first_arrival[g], 0
   while i do
     c = c + 1
-    if c > MANY or close[i] or requeue_of[i] or not undated(i) then return false end
+    if c > MANY or close[i] or requeue_of[i] or not (dated or undated(i)) then return false end
     i = next_arrival[i]
   end
   return true
@@ -225,8 +226,12 @@ local function add(keys, args, now, ko, ao, na)
         else
           due_at = add_usual(ctx, g, i, hash[g], p)
         end
-      elseif p.ruled and not (next_arrival[i] or close[i] or requeue_of[i]) then
-        due_at = add_ruled(ctx, g, i, hash[g], p)
+      elseif p.ruled and usual(g, true) then
+        if next_arrival[i] then
+          due_at = add_ruled_many(ctx, g, hash[g], p)
+        else
+          due_at = add_ruled(ctx, g, i, hash[g], p)
+        end
       end
       if not due_at then due_at = general(ctx, g, keys[ko + 5 + ng]) end
       if due_at > 0 and (earliest == 0 or due_at < earliest) then earliest = due_at end

@@ -1,8 +1,9 @@
 -- The ruled path: a group whose policy has due rules or a capacity (not
 -- usual, see policy_of) and no limit on open groups, which the call brings
--- one item without flags. It does what read_group, take and write_group do
--- for that item, on locals: one HMGET of the group's counters, measures,
--- rules and the item's id, then one HSET, or a flush. A group it cannot
+-- items without flags. For one item it does what read_group, take and
+-- write_group do, on locals: one HMGET of the group's counters, measures,
+-- rules and the item's id, then one HSET, or a flush. Several items it
+-- takes so only while they fit the open group without completing it. A group it cannot
 -- take so (the item alone completes a new group, a due time has passed, a
 -- reload changed the group's measures or rules, a deadline under a policy
 -- with no rules) goes to the general path before anything is written.
@@ -131,4 +132,64 @@ local function add_ruled(ctx, g, i, h, p)
   end
   call('HSET', h, STATE, state_s, id, item)
   return 0
+end
+
+-- Takes the items of ruled group g (hash h, policy p), several and none
+-- with a flag, when they fit the open group without completing it: one
+-- HMGET of its counters, measures, rules and their ids, one HSET, as
+-- add_ruled for one. Returns the due time it set (0: none), or false,
+-- having written nothing, when the group needs the general path (not
+-- open, due, changed by a reload, or completed or overflowed by them).
+local function add_ruled_many(ctx, g, h, p)
+  local i, c = first_arrival[g], 3
+  fields[1], fields[2], fields[3] = STATE, FIELD.names, FIELD.rules
+  while i do
+    c, fields[c + 1] = c + 1, id_of(i)
+    i = next_arrival[i]
+  end
+  local got = call('HMGET', h, unpack(fields, 1, c))
+  local s, x, k, now, sums = got[1], got[3], p.k, ctx.now, RULED_SUMS
+  if not s or (got[2] or '') ~= p.dictionary or (x and true or false) == p.plain then return false end
+  local seq, size, bytes, _, valid = read_state(s, k, sums)
+  if k > 0 and not valid or size >= p.max_items then return false end
+  local earliest, due = 0, 0
+  if x then
+    earliest, due = unpack_struct('<dxxxxxxxxd', x, 41)
+    if due <= now then return false end
+  end
+  local seen, writes, w, n, b, soonest, limits = {}, WRITES, 2, size, bytes, 0, p.limits
+  i = first_arrival[g]
+  for j = 4, c do
+    local id, until_ms = fields[j], flushed_until[i]
+    if got[j] or seen[id] or until_ms and tonumber(until_ms) > now then
+      out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, n, false
+    else
+      local _, payload, ext = item_args(i)
+      local deadline, v = item_values(ext, k)
+      if deadline > 0 and not x then return false end
+      for q = 1, k do
+        local t = sums[q] + (v and v[q] or 0)
+        if t >= limits[q] then return false end
+        sums[q] = t
+      end
+      n, b, seq, seen[id] = n + 1, b + #payload, seq + 1, true
+      if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then return false end
+      if deadline > 0 and (soonest == 0 or deadline < soonest) then soonest = deadline end
+      out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
+      writes[w + 1], writes[w + 2], w = id, item_value(ext, seq, payload), w + 2
+    end
+    i = next_arrival[i]
+  end
+  if n == size then return 0 end
+  writes[1], writes[2] = STATE, state(seq, n, b, now, k, sums)
+  local due_at = 0
+  if x and (size < p.min_items and n >= p.min_items or soonest > 0 and (earliest == 0 or soonest < earliest)) then
+    local r = read_rules(x, RULED_RULES)
+    if soonest > 0 and (r.deadline == 0 or soonest < r.deadline) then r.deadline = soonest end
+    local t = due_of(r, now, n, p.min_items, now)
+    if t < r.due then r.due, due_at = t, ruled_due(g, t) end
+    writes[w + 1], writes[w + 2], w = FIELD.rules, rules_field(r), w + 2
+  end
+  call('HSET', h, unpack(writes, 1, w))
+  return due_at
 end

@@ -1,6 +1,7 @@
 //! The add function's paths agree: parcels under every rule that holds still
 //! get the same answers whether each call brings a group one item (the
-//! ruled path, `src/lua/add_ruled.lua`) or several (the general path); and
+//! ruled path, `src/lua/add_ruled.lua`) or several (the ruled path while
+//! they fit the group, else the general path); and
 //! AddMany answers in request order whichever path a shard's call takes
 //! (groups of several items, and the lead of groups given one).
 
@@ -20,10 +21,11 @@ use crate::support::{RedisServer, add, add_many};
 
 /// Parcels under every rule that holds still (capacity by two measures,
 /// deadlines, min_items, max_idle, max_age), added one to a call (one item
-/// per group: the ruled path) and twelve to a call over three keys (most
-/// groups several items: the general path), get the same answers: each
-/// add's outcome, size and batches (ids, reason, measures), and the groups
-/// left open with their sizes, sums and due rules.
+/// per group: the ruled path), six to a call over three keys (groups of
+/// about two items: the ruled path while they fit) and twelve (about four:
+/// mostly the general path), get the same answers: each add's outcome,
+/// size and batches (ids, reason, measures), and the groups left open with
+/// their sizes, sums and due rules.
 #[tokio::test]
 async fn one_item_calls_and_many_item_calls_agree_under_every_rule() {
     use rand::{Rng, SeedableRng};
@@ -61,15 +63,36 @@ async fn one_item_calls_and_many_item_calls_agree_under_every_rule() {
             }
         })
         .collect();
-    let (one, many) = (RedisServer::start(), RedisServer::start());
-    let (one, many) = (open(&one, &policy), open(&many, &policy));
-    let mut answers = [Vec::new(), Vec::new()];
-    for item in &items {
-        let mut report = one.add(vec![item.clone()]).await.expect("add");
-        answers[0].push(report.results.remove(0));
-    }
-    for call in items.chunks(12) {
-        answers[1].extend(many.add(call.to_vec()).await.expect("add").results);
+    let servers = [(); 3].map(|_| RedisServer::start());
+    let stores: Vec<_> = servers.iter().map(|s| open(s, &policy)).collect();
+    let mut answers = [Vec::new(), Vec::new(), Vec::new()];
+    // Every twelve items, where all three sides end a call, their groups
+    // agree, and the due set wakes the sweeper no later than each is due.
+    for (at, chunk) in items.chunks(12).enumerate() {
+        for (side, per_call) in [1, 6, 12].into_iter().enumerate() {
+            for call in chunk.chunks(per_call) {
+                let report = stores[side].add(call.to_vec()).await.expect("add");
+                answers[side].extend(report.results);
+            }
+        }
+        for key in ["area-0", "area-1", "area-2"] {
+            let mut views = Vec::new();
+            for (store, server) in stores.iter().zip(&servers) {
+                views.push(group_view(store, server, key).await);
+            }
+            assert_eq!(
+                views[0],
+                views[1],
+                "{key} after {} items, 6 a call",
+                12 * (at + 1)
+            );
+            assert_eq!(
+                views[0],
+                views[2],
+                "{key} after {} items, 12 a call",
+                12 * (at + 1)
+            );
+        }
     }
     let summary = |results: &[AddResult]| -> Vec<_> {
         results
@@ -91,9 +114,12 @@ async fn one_item_calls_and_many_item_calls_agree_under_every_rule() {
             })
             .collect()
     };
-    let (a, b) = (summary(&answers[0]), summary(&answers[1]));
-    for (n, (a, b)) in a.iter().zip(&b).enumerate() {
-        assert_eq!(a, b, "add {n}: {:?}", items[n].item.id);
+    let a = summary(&answers[0]);
+    for (side, per_call) in [(1, 6), (2, 12)] {
+        let b = summary(&answers[side]);
+        for (n, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(a, b, "add {n} at {per_call} a call: {:?}", items[n].item.id);
+        }
     }
     let reasons: Vec<FlushReason> = a.iter().flat_map(|r| r.2.iter().map(|b| b.0)).collect();
     for reason in [FlushReason::Size, FlushReason::Capacity] {
@@ -106,24 +132,37 @@ async fn one_item_calls_and_many_item_calls_agree_under_every_rule() {
         a.iter().any(|r| r.0 == AddOutcome::Duplicate),
         "no duplicate"
     );
-    for key in ["area-0", "area-1", "area-2"] {
-        let (x, y) = (
-            one.group(key).await.unwrap(),
-            many.group(key).await.unwrap(),
-        );
-        let view = |g: &Option<batcher::batch::Group>| {
-            g.as_ref().map(|g| {
-                let ids: Vec<_> = g.items.iter().map(|i| i.id.clone()).collect();
-                let due = match g.due_reason {
-                    FlushReason::Deadline => g.due_at_ms,
-                    FlushReason::Idle => g.due_at_ms - g.last_added_ms,
-                    _ => g.due_at_ms - g.opened_at_ms,
-                };
-                (g.size, g.bytes, g.measures.clone(), g.due_reason, due, ids)
-            })
-        };
-        assert_eq!(view(&x), view(&y), "{key}");
-    }
+}
+
+/// Group `key` of `store` as the paths must leave it alike: its size,
+/// bytes, sums, due reason and due time (relative to what it follows) and
+/// ids; and asserts that the due set holds it no later than it is due.
+async fn group_view(
+    store: &batcher::store::Store,
+    server: &RedisServer,
+    key: &str,
+) -> Option<impl PartialEq + std::fmt::Debug> {
+    let g = store.group(key).await.unwrap()?;
+    let keyspace = batcher::keys::Keyspace::new("pol", 4);
+    let due_set = keyspace.shard(keyspace.shard_of(key)).due;
+    let score: u64 = server
+        .cli(&["ZSCORE", &due_set, key])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        score <= g.due_at_ms,
+        "{key} is due at {} ({:?}) but the due set has {score}",
+        g.due_at_ms,
+        g.due_reason
+    );
+    let ids: Vec<_> = g.items.iter().map(|i| i.id.clone()).collect();
+    let due = match g.due_reason {
+        FlushReason::Deadline => g.due_at_ms,
+        FlushReason::Idle => g.due_at_ms - g.last_added_ms,
+        _ => g.due_at_ms - g.opened_at_ms,
+    };
+    Some((g.size, g.bytes, g.measures.clone(), g.due_reason, due, ids))
 }
 
 /// AddMany returns results in request order, flushing groups as they fill, across shards.
