@@ -36,11 +36,17 @@ local function item_args(i)
   return A[a + ID_AT], A[a + PAYLOAD_AT], EXT_AT and A[a + EXT_AT] or ''
 end
 
--- A call's header (see add_call.lua), parsed once per distinct header.
+-- A call's header (see add_call.lua) and its policies, parsed once per
+-- distinct header.
 local header_of = memo(function(h)
-  local dedup, np, ng, shape = unpack_struct('<dddd', h)
-  local lead = #h > 32 and unpack_struct('<d', h, 33) or 0
-  return { dedup = dedup, np = np, ng = ng, shape = SHAPES[shape], lead = lead }
+  local dedup, np, ng, shape, lead, at = unpack_struct('<ddddd', h)
+  local lengths, policies = { unpack_struct(doubles(np), h, at) }, {}
+  at = at + 8 * np
+  for j = 1, np do
+    policies[j] = policy_of(sub(h, at, at + lengths[j] - 1))
+    at = at + lengths[j]
+  end
+  return { dedup = dedup, np = np, ng = ng, shape = SHAPES[shape], lead = lead, policies = policies }
 end, 1024)
 
 -- The state of the call in progress, per group g and per item i: arrays

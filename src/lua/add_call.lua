@@ -7,14 +7,14 @@
 --   (limits.lua)   KEYS[4 + g]: the hash of group g, g = 1..G
 -- KEYS[5 + G]: its requeued set (batch_id ':' item_id, scored by the
 --   batch's stream time), given when an item is requeued
--- ARGV[1]: the call's header, struct '<dddd': the dedup window (ms), P (the
---   count of policies), G (of groups) and the shape of an item's
---   arguments (see below); then, when items carry group numbers, may come
---   a fifth double, L: groups 1..L each get one item and no flags, items
---   1..L (item g is group g's), and the rest are the other groups' (the
---   lead, taken as a call of one item per group)
--- ARGV[2..P+1]: the P policies, packed (see policy_of)
--- then per group: its key, and when P > 1 its policy's number (1..P)
+-- ARGV[1]: the call's header, struct '<ddddd': the dedup window (ms), P (the
+--   count of policies), G (of groups), the shape of an item's arguments
+--   (see below) and L: when items carry group numbers, groups 1..L each
+--   get one item and no flags, items 1..L (item g is group g's), and the
+--   rest are the other groups' (the lead, taken as a call of one item per
+--   group; 0: none); then P doubles, the lengths of the P policies, packed
+--   (see policy_of), which follow, joined
+-- ARGV[2..]: per group: its key, and when P > 1 its policy's number (1..P)
 -- then per item, by the shape: 3 or 4: its group's number, followed by
 --   'c' to close the group after it and 'q' batch_id for an item requeued
 --   from that batch; its id; its payload; for 4, '' or its ext, packed for
@@ -158,21 +158,21 @@ end
 
 -- Takes the lead: groups 1..lead of the call's ng, each given one item
 -- without flags (item g is group g's; the group arguments of g are at
--- args[at + step * (g - 1)], its KEYS start after keys[ko], its policies
--- after args[ao + 1]), with none of the arrival chains: the usual path,
+-- args[at + step * (g - 1)], its KEYS start after keys[ko], its policy is
+-- one of `policies`), with none of the arrival chains: the usual path,
 -- or the general one for a group that needs it. First it looks up the
 -- flushed set's members of items 1..n (those after the lead's are made
 -- already, by arrivals). Returns the earliest due time it set (0: none).
-local function add_lead(ctx, keys, ko, args, ao, np, at, step, lead, ng, n)
+local function add_lead(ctx, keys, ko, args, policies, at, step, lead, ng, n)
   for g = 1, lead do
     local k = args[at + step * (g - 1)]
     key[g], member[g] = k, k .. SEP .. A[B + S * g + ID_AT]
   end
   lookup_flushed(ctx.flushed, n)
-  local one = np == 1 and policy_of(args[ao + 2])
+  local one = not policies[2] and policies[1]
   local earliest = 0
   for g = 1, lead do
-    local p = one or policy_of(args[ao + 1 + num(args[at + step * (g - 1) + 1])])
+    local p = one or policies[num(args[at + step * (g - 1) + 1])]
     local h = keys[ko + 4 + g]
     local due_at = false
     if p.usual then
@@ -196,10 +196,10 @@ local function add(keys, args, now, ko, ao, na)
   now, ko, ao = now or now_ms(), ko or 0, ao or 0
   na = na or #args
   local h = header_of(args[ao + 1])
-  local np, ng, shape, lead = h.np, h.ng, h.shape, h.lead
+  local ng, shape, lead, policies = h.ng, h.shape, h.lead, h.policies
   local ctx = context(keys[ko + 1], keys[ko + 2], keys[ko + 3], h.dedup, now)
-  local at_group = ao + 2 + np
-  local group_args = np > 1 and 2 or 1
+  local at_group = ao + 2
+  local group_args = h.np > 1 and 2 or 1
   local first = at_group + group_args * ng
   A, S, G_AT, ID_AT, PAYLOAD_AT, EXT_AT = args, shape[1], shape[2], shape[3], shape[4], shape[5]
   B = first - S
@@ -209,15 +209,15 @@ local function add(keys, args, now, ko, ao, na)
   due_set_n, due_gone_n = 0, 0
   local earliest = 0
   if not G_AT and ng == n then
-    earliest = add_lead(ctx, keys, ko, args, ao, np, at_group, group_args, n, ng, n)
+    earliest = add_lead(ctx, keys, ko, args, policies, at_group, group_args, n, ng, n)
   else
-    local one = np == 1 and policy_of(args[ao + 2])
+    local one = not policies[2] and policies[1]
     for g = lead + 1, ng do
       local at = at_group + group_args * (g - 1)
-      start_group(g, keys[ko + 4 + g], args[at], one or policy_of(args[ao + 1 + num(args[at + 1])]))
+      start_group(g, keys[ko + 4 + g], args[at], one or policies[num(args[at + 1])])
     end
     arrivals(lead + 1, n)
-    earliest = add_lead(ctx, keys, ko, args, ao, np, at_group, group_args, lead, ng, n)
+    earliest = add_lead(ctx, keys, ko, args, policies, at_group, group_args, lead, ng, n)
     for g = lead + 1, ng do
       local p, i, due_at = policy[g], first_arrival[g], false
       if p.usual and usual(g) then

@@ -17,11 +17,15 @@ use crate::policy::{Overflow, Policy};
 /// - KEYS: the shard's due set, stream, flushed set and open-group index,
 ///   one hash per group, then the shard's requeued set when an item is
 ///   requeued;
-/// - ARGV: a header (the dedup window in ms, the counts of the call's
-///   distinct policies and of its groups, and the shape of an item's
-///   arguments, as four little-endian doubles); each policy packed
-///   ([`packed_policy`]); per group its key, and its policy's number
-///   (from 1) when the call has more than one; then per item its group's
+/// - ARGV: a header, one argument: the dedup window in ms, the counts of
+///   the call's distinct policies and of its groups, the shape of an
+///   item's arguments and the lead (below; 0 for none), as five
+///   little-endian doubles, then the length of each policy packed
+///   ([`packed_policy`]), one double each, and the policies so packed
+///   (one argument, not one per policy: Redis grows its ARGV table for
+///   every argument, about 700 instructions each, and the function
+///   parses a header it has seen once only); per group its key, and its
+///   policy's number (from 1) when the call has more than one; then per item its group's
 ///   number (from 1) with its flags, its id, payload and packed ext. An
 ///   item has no ext argument when no item of the call has one, and no
 ///   group number when no item has flags and the call has one group or
@@ -29,7 +33,7 @@ use crate::policy::{Overflow, Policy};
 /// - The lead: when items carry group numbers and the call has no limit on
 ///   open groups, the groups given a single item without flags come
 ///   first, in their order, and so do their items (the rest keep theirs),
-///   and a fifth double of the header counts them: the function takes
+///   and the header's fifth double counts them: the function takes
 ///   them as it takes a call of one item per group, without the arrival
 ///   chains a group of several items needs. Only the order in which the
 ///   call's groups are taken changes, which nothing but the limits on open
@@ -210,20 +214,25 @@ impl<'a> AddArgs<'a> {
             -(per_item as f64)
         };
         let policies = self.policies.len();
-        let mut header = vec![
+        let numbers = [
             self.dedup.as_millis() as f64,
             policies as f64,
             groups as f64,
             shape,
+            lead as f64,
         ];
-        if lead > 0 {
-            header.push(lead as f64);
+        let lengths = self.policies.iter().map(|(_, packed)| packed.len() as f64);
+        let mut header: Vec<u8> = numbers
+            .into_iter()
+            .chain(lengths)
+            .flat_map(f64::to_le_bytes)
+            .collect();
+        for (_, packed) in self.policies {
+            header.extend(packed);
         }
-        let mut args = Vec::with_capacity(
-            1 + policies + 2 * self.group_args.len() + per_item * self.item_args.len(),
-        );
-        args.push(header.into_iter().flat_map(f64::to_le_bytes).collect());
-        args.extend(self.policies.into_iter().map(|(_, packed)| packed));
+        let mut args =
+            Vec::with_capacity(1 + 2 * self.group_args.len() + per_item * self.item_args.len());
+        args.push(header);
         for (key, policy) in self.group_args {
             args.push(key);
             if policies > 1 {
@@ -403,12 +412,16 @@ mod tests {
                 .map(|k| format!("{}:{k}", keyspace.tag(2)))
         );
         assert_eq!(header(&argv[0]), [60000.0, 2.0, 3.0, 3.0, 2.0]);
-        let first = argv[1].chunks_exact(8).next().unwrap();
-        assert_eq!(f64::from_le_bytes(first.try_into().unwrap()), 10.0);
-        // 14 doubles, no capacity, no scope, no measure names.
-        assert_eq!(argv[1].len(), 112);
+        // Each 14 doubles: no capacity, no scope, no measure names.
+        let policies = policies(&argv[0]);
         assert_eq!(
-            texts(&argv[3..]),
+            policies.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            [112, 112]
+        );
+        let first = policies[0].chunks_exact(8).next().unwrap();
+        assert_eq!(f64::from_le_bytes(first.try_into().unwrap()), 10.0);
+        assert_eq!(
+            texts(&argv[1..]),
             [
                 "b", "2", "c", "1", "a", "1", "1", "2", "", "2", "3", "y", "3", "1", "x", "3", "4",
                 "z"
@@ -429,7 +442,7 @@ mod tests {
                 format!("{}:g:b", keyspace.tag(2))
             ]
         );
-        assert_eq!(header(&argv[0]), [60000.0, 1.0, 2.0, 3.0]);
+        assert_eq!(header(&argv[0]), [60000.0, 1.0, 2.0, 3.0, 0.0]);
         assert!(order.is_empty(), "no item moved");
     }
 
@@ -446,8 +459,8 @@ mod tests {
             .item("a", &policy, b"2", b"y");
         let (keys, argv, _) = args.into_parts();
         assert_eq!(keys.len(), 5);
-        assert_eq!(header(&argv[0]), [5000.0, 1.0, 1.0, -2.0]);
-        assert_eq!(texts(&argv[2..]), ["a", "1", "x", "2", "y"]);
+        assert_eq!(header(&argv[0]), [5000.0, 1.0, 1.0, -2.0, 0.0]);
+        assert_eq!(texts(&argv[1..]), ["a", "1", "x", "2", "y"]);
 
         // One item per group: no group numbers either, and an ext when one
         // item has one.
@@ -455,8 +468,8 @@ mod tests {
         args.item("a", &policy, b"1", b"x")
             .item("b", &policy, b"2", b"y");
         let (_, argv, _) = args.into_parts();
-        assert_eq!(header(&argv[0]), [5000.0, 1.0, 2.0, -2.0]);
-        assert_eq!(texts(&argv[2..]), ["a", "b", "1", "x", "2", "y"]);
+        assert_eq!(header(&argv[0]), [5000.0, 1.0, 2.0, -2.0, 0.0]);
+        assert_eq!(texts(&argv[1..]), ["a", "b", "1", "x", "2", "y"]);
         let dated = Item {
             id: b"2".to_vec(),
             payload: b"y".to_vec(),
@@ -467,10 +480,10 @@ mod tests {
         args.item("a", &policy, b"1", b"x")
             .item_with("b", &policy, &dated, false, None);
         let (_, argv, _) = args.into_parts();
-        assert_eq!(header(&argv[0]), [5000.0, 1.0, 2.0, -3.0]);
-        assert_eq!(texts(&argv[2..7]), ["a", "b", "1", "x", ""]);
-        assert_eq!((&argv[7][..], &argv[8][..]), (&b"2"[..], &b"y"[..]));
-        assert!(!argv[9].is_empty(), "the dated item's ext");
+        assert_eq!(header(&argv[0]), [5000.0, 1.0, 2.0, -3.0, 0.0]);
+        assert_eq!(texts(&argv[1..6]), ["a", "b", "1", "x", ""]);
+        assert_eq!((&argv[6][..], &argv[7][..]), (&b"2"[..], &b"y"[..]));
+        assert!(!argv[8].is_empty(), "the dated item's ext");
 
         let item = Item {
             id: b"3".to_vec(),
@@ -485,18 +498,34 @@ mod tests {
             keys.last().unwrap(),
             &format!("{}:requeued", keyspace.tag(1))
         );
-        assert_eq!(header(&argv[0]), [5000.0, 1.0, 1.0, 4.0]);
-        assert_eq!(&texts(&argv[2..5]), &["a", "1cq7-0-b", "3"]);
-        assert_eq!(argv[5], b"z");
+        assert_eq!(header(&argv[0]), [5000.0, 1.0, 1.0, 4.0, 0.0]);
+        assert_eq!(&texts(&argv[1..4]), &["a", "1cq7-0-b", "3"]);
+        assert_eq!(argv[4], b"z");
         assert!(
-            !argv[6].is_empty(),
+            !argv[5].is_empty(),
             "a requeued item's ext holds its requeue count"
         );
     }
 
+    /// The header's five numbers.
     fn header(arg: &[u8]) -> Vec<f64> {
         arg.chunks_exact(8)
+            .take(5)
             .map(|d| f64::from_le_bytes(d.try_into().unwrap()))
+            .collect()
+    }
+
+    /// The policies the header packs, by the lengths after its numbers.
+    fn policies(arg: &[u8]) -> Vec<&[u8]> {
+        let count = header(arg)[1] as usize;
+        let mut at = 8 * (5 + count);
+        (0..count)
+            .map(|j| {
+                let len = f64::from_le_bytes(arg[8 * (5 + j)..][..8].try_into().unwrap());
+                let packed = &arg[at..at + len as usize];
+                at += len as usize;
+                packed
+            })
             .collect()
     }
 
@@ -519,7 +548,7 @@ mod tests {
         let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60)).with_open_limit(9);
         args.item("scan-1", &policy, b"1", b"x");
         let (_, argv, _) = args.into_parts();
-        let packed = &argv[1];
+        let packed = policies(&argv[0])[0];
         let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
         assert_eq!(
             (double(10), double(11), double(12), double(13)),
@@ -531,7 +560,7 @@ mod tests {
         let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60));
         args.item("scan-1", &policy, b"1", b"x");
         let (_, argv, _) = args.into_parts();
-        let packed = &argv[1];
+        let packed = policies(&argv[0])[0];
         let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
         assert_eq!((double(10), double(11), double(13)), (0.0, 0.0, 0.0));
         assert_eq!(packed.len(), 112);
