@@ -65,16 +65,16 @@ local function ruled_open(ctx, g, i, h, p, size, seq)
   return ruled_due(g, due_at)
 end
 
--- Writes item i (id, its hash value item) and group g's counters s when
--- the item may bring its due time earlier (its deadline, or min_items
--- reached at n items): the group's rules x recomputed, and written too.
-local function ruled_rearm(ctx, g, h, p, x, s, id, item, n, deadline)
+-- Group g's rules x (policy p) recomputed when arrivals may bring its due
+-- time earlier (the earliest of their deadlines, 0: none, or min_items
+-- reached at n items): their new field, and the due time recorded for the
+-- due set when it came earlier (0: none).
+local function rearmed(ctx, g, p, x, n, deadline)
   local r, due_at = read_rules(x, RULED_RULES), 0
   if deadline > 0 and (r.deadline == 0 or deadline < r.deadline) then r.deadline = deadline end
   local t = due_of(r, ctx.now, n, p.min_items, ctx.now)
   if t < r.due then r.due, due_at = t, ruled_due(g, t) end
-  call('HSET', h, STATE, s, FIELD.rules, rules_field(r), id, item)
-  return due_at
+  return rules_field(r), due_at
 end
 
 -- Takes item i, the only one of group g (hash h, policy p) in the call.
@@ -128,7 +128,9 @@ local function add_ruled(ctx, g, i, h, p)
   out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
   local state_s, item = state(seq, n, b, now, k, sums), item_value(ext, seq, payload)
   if x and (n == p.min_items or deadline > 0 and (earliest == 0 or deadline < earliest)) then
-    return ruled_rearm(ctx, g, h, p, x, state_s, id, item, n, deadline)
+    local rules_x, due_at = rearmed(ctx, g, p, x, n, deadline)
+    call('HSET', h, STATE, state_s, FIELD.rules, rules_x, id, item)
+    return due_at
   end
   call('HSET', h, STATE, state_s, id, item)
   return 0
@@ -184,11 +186,9 @@ local function add_ruled_many(ctx, g, h, p)
   writes[1], writes[2] = STATE, state(seq, n, b, now, k, sums)
   local due_at = 0
   if x and (size < p.min_items and n >= p.min_items or soonest > 0 and (earliest == 0 or soonest < earliest)) then
-    local r = read_rules(x, RULED_RULES)
-    if soonest > 0 and (r.deadline == 0 or soonest < r.deadline) then r.deadline = soonest end
-    local t = due_of(r, now, n, p.min_items, now)
-    if t < r.due then r.due, due_at = t, ruled_due(g, t) end
-    writes[w + 1], writes[w + 2], w = FIELD.rules, rules_field(r), w + 2
+    local rules_x
+    rules_x, due_at = rearmed(ctx, g, p, x, n, soonest)
+    writes[w + 1], writes[w + 2], w = FIELD.rules, rules_x, w + 2
   end
   call('HSET', h, unpack(writes, 1, w))
   return due_at
