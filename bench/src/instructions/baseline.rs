@@ -162,11 +162,15 @@ fn print_ratios(measured: &[Measured]) {
             }
         );
     }
+    if let Some(r) = ratio("floor_rules", "floor_dedup") {
+        println!("floor_rules / floor_dedup = {r:.3}  (the same rules at the floor)");
+    }
     for (a, b) in [
         ("addmany", "floor_addmany"),
         ("unary", "floor_unary"),
         ("every_rule", "floor_addmany"),
         ("addmany", "floor_dedup"),
+        ("every_rule", "floor_rules"),
         ("addmany", "bullmq_addbulk"),
         ("sharded", "bullmq_addbulk"),
         ("unary", "bullmq_add"),

@@ -64,6 +64,13 @@
 //!   window of 10 minutes in a sorted set per shard, as batcher keeps one
 //!   (one ZMSCORE per call, one ZADD of the flushed items). It is the least
 //!   an add script with batcher's idempotency does.
+//! - `floor_rules`: the same items as `every_rule`, with their parcels,
+//!   through `bench/floor/floor_rules.lua`, frozen too: `floor_dedup` plus
+//!   every rule of `every_rule`'s policy (one HMGET and one HSET of a
+//!   group's counters per item, the capacity checked before the item
+//!   goes in, the due set moved only earlier). `floor_rules /
+//!   floor_dedup` is what the rules cost at the floor, beside
+//!   `every_rule / addmany`.
 //!
 //! Each runs on a Redis of its own, [`PARALLEL`] at a time; the whole mode
 //! takes about a minute of CPU (valgrind runs Redis some fifty times
@@ -301,7 +308,7 @@ async fn measure(shape: &Shape, policies: &Policies) -> Result<(Measured, RedisB
     let build = RedisBuild::of(redis.url()).await?;
     let m = match shape.route {
         Route::Store { rules } => run_store(&mut redis, shape, rules, policies).await?,
-        Route::Floor { dedup } => run_floor(&mut redis, shape, &policies.plain, dedup).await?,
+        Route::Floor(floor) => run_floor(&mut redis, shape, policies, floor).await?,
         Route::Peer { bulk } => run_peer(&mut redis, shape, bulk).await?,
     };
     eprintln!(

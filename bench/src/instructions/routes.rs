@@ -16,7 +16,7 @@ use redis::aio::MultiplexedConnection;
 
 use super::Measured;
 use super::profiled::{Profiled, connection};
-use super::shapes::{Draw, Policies, Shape, group_key, sequence};
+use super::shapes::{Draw, Floor, Policies, Shape, group_key, sequence};
 use crate::load::{self, PAYLOAD};
 
 /// The frozen floor: see its header.
@@ -25,6 +25,9 @@ static FLOOR: LazyLock<redis::Script> =
 /// The frozen floor with a dedup window: see its header.
 static FLOOR_DEDUP: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_dedup.lua")));
+/// The frozen floor with a dedup window and every rule: see its header.
+static FLOOR_RULES: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_rules.lua")));
 /// The dedup window `floor_dedup` runs with: the service's default.
 const FLOOR_WINDOW: Duration = Duration::from_secs(600);
 
@@ -148,19 +151,47 @@ pub(super) async fn run_store(
     })
 }
 
-/// A shape through a frozen floor script (with a dedup window when
-/// `dedup`), one EVALSHA at a time.
+/// The arguments of `floor_rules` before its items: every rule of the
+/// every-rule policy, in ms (the next cutoff after `now`).
+fn rules_args(policy: &Policy, now: u64) -> [u64; 6] {
+    let ms = |d: Option<Duration>| d.map_or(0, |d| d.as_millis() as u64);
+    let cap = |name: &str| policy.capacity.get(name).copied().unwrap_or(u64::MAX);
+    [
+        ms(policy.max_idle),
+        cap("weight_g"),
+        cap("volume_cm3"),
+        policy.cutoffs.as_ref().map_or(0, |c| c.next_after(now)),
+        policy.deadline_lead.as_millis() as u64,
+        ms(policy.max_age),
+    ]
+}
+
+/// A shape through a frozen floor script, one EVALSHA at a time: the
+/// plain policy's items, or with [`Floor::Rules`] the every-rule policy's
+/// with their parcels.
 pub(super) async fn run_floor(
     redis: &mut Profiled,
     shape: &Shape,
-    policy: &Policy,
-    dedup: bool,
+    policies: &Policies,
+    floor: Floor,
 ) -> Result<Measured, String> {
     let mut conn = connection(redis.url()).await?;
     let shard = keyspace(1).shard(0);
+    let rules = floor == Floor::Rules;
+    let dedup = floor != Floor::Plain;
+    let policy = if rules {
+        &policies.rules
+    } else {
+        &policies.plain
+    };
     let max_wait_ms = policy.max_wait.as_millis() as u64;
-    let script: &redis::Script = if dedup { &FLOOR_DEDUP } else { &FLOOR };
+    let script: &redis::Script = match floor {
+        Floor::Plain => &FLOOR,
+        Floor::Dedup => &FLOOR_DEDUP,
+        Floor::Rules => &FLOOR_RULES,
+    };
     let call = |draws: &[Draw], keys: &dyn Fn(u64) -> String| {
+        let now = now_ms();
         let mut invocation = script.prepare_invoke();
         invocation.key(&shard.due).key(&shard.stream);
         if dedup {
@@ -180,8 +211,19 @@ pub(super) async fn run_floor(
         if dedup {
             invocation.arg(FLOOR_WINDOW.as_millis() as u64);
         }
+        if rules {
+            invocation.arg(&rules_args(policy, now)[..]);
+        }
         for (index, draw) in args {
             invocation.arg(index).arg(&draw.id).arg(&PAYLOAD[..]);
+            if rules {
+                let deadline = draw.deadline_s.map_or(0, |s| now + s * 1000);
+                let parcel: Vec<u8> = [draw.weight_g, draw.volume_cm3, deadline]
+                    .iter()
+                    .flat_map(|v| (*v as f64).to_le_bytes())
+                    .collect();
+                invocation.arg(parcel);
+            }
         }
         invocation
     };
@@ -201,7 +243,7 @@ pub(super) async fn run_floor(
     redis.dump().await?;
 
     let draws = sequence(shape.items);
-    let keys = |n: u64| group_key(false, n);
+    let keys = |n: u64| group_key(rules, n);
     let mut calls = 0;
     let mut added = 0;
     let mut flushed = 0;
@@ -235,7 +277,11 @@ pub(super) async fn run_floor(
         items: shape.items,
         calls,
         instructions,
-        batches: BTreeMap::from([("SIZE".to_string(), flushed)]),
+        // floor_rules does not tell its capacity flushes from its size ones.
+        batches: BTreeMap::from([(
+            if rules { "SIZE or CAPACITY" } else { "SIZE" }.to_string(),
+            flushed,
+        )]),
         spread: None,
     })
 }

@@ -9,8 +9,8 @@ use batcher::policy::{Policy, PolicyHandle};
 use crate::load::{self, Rng};
 use crate::policies::{DEADLINE_AHEAD_S, DEADLINE_ONE_IN, RULES_CONFIG, VOLUME_CM3, WEIGHT_G};
 
-/// Items of `addmany`, `sharded`, `every_rule`, `floor_addmany` and
-/// `floor_dedup`.
+/// Items of `addmany`, `sharded`, `every_rule`, `floor_addmany`,
+/// `floor_dedup` and `floor_rules`.
 pub(super) const ITEMS: usize = 10_000;
 /// Items (and calls) of `unary` and `floor_unary`.
 pub(super) const UNARY_ITEMS: usize = 1_500;
@@ -28,12 +28,23 @@ const FLOOR_STARTS: usize = 3;
 pub(super) enum Route {
     /// `Store::add`, with every rule on or with the plain policy.
     Store { rules: bool },
-    /// `bench/floor/floor.lua` by EVALSHA, or with a dedup window
-    /// `bench/floor/floor_dedup.lua`.
-    Floor { dedup: bool },
+    /// A frozen floor script by EVALSHA (see [`Floor`]).
+    Floor(Floor),
     /// BullMQ's `addBulk` (bulk) or `add`, by `bench/peer/bullmq.mjs
     /// --count` (only with `--peer`).
     Peer { bulk: bool },
+}
+
+/// Which frozen floor script a floor shape runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Floor {
+    /// `bench/floor/floor.lua`: max_items and max_wait, no dedup window.
+    Plain,
+    /// `bench/floor/floor_dedup.lua`: the plain floor and a dedup window.
+    Dedup,
+    /// `bench/floor/floor_rules.lua`: the dedup floor and every rule of
+    /// `every_rule`'s policy, with its parcels.
+    Rules,
 }
 
 /// One shape of the workload.
@@ -61,7 +72,7 @@ impl Shape {
     /// 0.1% of ours, but up to 0.8% of the floor's, which does much less per
     /// command.
     pub(super) fn starts(&self) -> usize {
-        if matches!(self.route, Route::Floor { .. }) {
+        if matches!(self.route, Route::Floor(_)) {
             FLOOR_STARTS
         } else {
             1
@@ -74,7 +85,7 @@ pub(super) const ROUND_ITEMS: usize = 16;
 /// Shards of `rounds` and `sharded`: the service's default.
 pub(super) const ROUND_SHARDS: u16 = 16;
 
-pub(super) const SHAPES: [Shape; 8] = [
+pub(super) const SHAPES: [Shape; 9] = [
     Shape {
         name: "addmany",
         route: Route::Store { rules: false },
@@ -112,21 +123,28 @@ pub(super) const SHAPES: [Shape; 8] = [
     },
     Shape {
         name: "floor_addmany",
-        route: Route::Floor { dedup: false },
+        route: Route::Floor(Floor::Plain),
         items: ITEMS,
         per_call: PER_CALL,
         shards: 1,
     },
     Shape {
         name: "floor_unary",
-        route: Route::Floor { dedup: false },
+        route: Route::Floor(Floor::Plain),
         items: UNARY_ITEMS,
         per_call: 1,
         shards: 1,
     },
     Shape {
         name: "floor_dedup",
-        route: Route::Floor { dedup: true },
+        route: Route::Floor(Floor::Dedup),
+        items: ITEMS,
+        per_call: PER_CALL,
+        shards: 1,
+    },
+    Shape {
+        name: "floor_rules",
+        route: Route::Floor(Floor::Rules),
         items: ITEMS,
         per_call: PER_CALL,
         shards: 1,
