@@ -511,7 +511,7 @@ local function write_group(g)
   end
   if not added[g] then return end
   if due_dirty[g] then
-    due_set[due_set_n + 1], due_set[due_set_n + 2] = due[g], key[g]
+    due_set[due_set_n + 1], due_set[due_set_n + 2] = dec(due[g]), key[g]
     due_set_n = due_set_n + 2
   end
   local p, i = policy[g], first_pending[g]

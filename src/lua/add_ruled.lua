@@ -11,9 +11,11 @@
 -- The rules and sums of the group in hand: one table each for every call.
 local RULED_RULES, RULED_SUMS = set_rules(nil, 0, 0, 0, 0, 0, 0, 0, 0), {}
 
--- Records group g's new due time t for the due set, and returns it.
+-- Records group g's new due time t for the due set (as text: a number
+-- argument to redis.call costs Redis a sprintf of a double), and returns
+-- it.
 local function ruled_due(g, t)
-  due_set[due_set_n + 1], due_set[due_set_n + 2] = t, key[g]
+  due_set[due_set_n + 1], due_set[due_set_n + 2] = dec(t), key[g]
   due_set_n = due_set_n + 2
   return t
 end

@@ -144,7 +144,8 @@ end
 local function finish(ctx)
   if ctx.written == 0 then return end
   chunked('ZADD', ctx.flushed, ctx.recent, 2 * ctx.written)
-  local stale = call('ZRANGE', ctx.flushed, '-inf', now_text(ctx), 'BYSCORE', 'LIMIT', 0, 2 * ctx.written + 16)
+  local stale = call('ZRANGE', ctx.flushed, '-inf', now_text(ctx), 'BYSCORE', 'LIMIT', '0',
+    dec(2 * ctx.written + 16))
   if #stale > 0 then chunked('ZREM', ctx.flushed, stale) end
 end
 

@@ -11,7 +11,7 @@ local function hold(ctx, gkey, key, min_items)
   if next_due <= ctx.now then return false, why end
   r.due = next_due
   call('HSET', gkey, FIELD.rules, rules_field(r))
-  call('ZADD', ctx.due, next_due, key)
+  call('ZADD', ctx.due, dec(next_due), key)
   return next_due
 end
 
@@ -105,7 +105,7 @@ local function remove(keys, args)
     r.deadline = earliest_deadline(gkey)
     r.due = due_of(r, last, size, tonumber(args[3]), now_ms())
     call('HSET', gkey, FIELD.rules, rules_field(r))
-    call('ZADD', due_key, r.due, key)
+    call('ZADD', due_key, dec(r.due), key)
   end
   call('HSET', gkey, FIELD.state, state(seq, size, bytes, last, summed and #names or 0, sums))
   return { 1, size }
@@ -191,7 +191,7 @@ local function retime(keys, args)
     end
   end
   if due <= latest then return due end
-  call('ZADD', keys[1], latest, key)
+  call('ZADD', keys[1], dec(latest), key)
   return latest
 end
 

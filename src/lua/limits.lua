@@ -42,10 +42,10 @@ end
 -- Indexes group `key` of `scope`, opened at `opened`, last added to at `last`.
 local function index_open(ix, key, scope, opened, last)
   if scope == '' then
-    call('ZADD', ix, 0, 'l' .. ms15(last) .. key, 0, 'o' .. ms15(opened) .. key)
+    call('ZADD', ix, '0', 'l' .. ms15(last) .. key, '0', 'o' .. ms15(opened) .. key)
   else
-    call('ZADD', ix, 0, 'l' .. ms15(last) .. key, 0, 'o' .. ms15(opened) .. key,
-      0, 's' .. scope .. '\0' .. ms15(last) .. key)
+    call('ZADD', ix, '0', 'l' .. ms15(last) .. key, '0', 'o' .. ms15(opened) .. key,
+      '0', 's' .. scope .. '\0' .. ms15(last) .. key)
   end
 end
 
@@ -54,10 +54,10 @@ local function index_touch(ix, key, scope, was, last)
   if was == last then return end
   if scope == '' then
     call('ZREM', ix, 'l' .. ms15(was) .. key)
-    call('ZADD', ix, 0, 'l' .. ms15(last) .. key)
+    call('ZADD', ix, '0', 'l' .. ms15(last) .. key)
   else
     call('ZREM', ix, 'l' .. ms15(was) .. key, 's' .. scope .. '\0' .. ms15(was) .. key)
-    call('ZADD', ix, 0, 'l' .. ms15(last) .. key, 0, 's' .. scope .. '\0' .. ms15(last) .. key)
+    call('ZADD', ix, '0', 'l' .. ms15(last) .. key, '0', 's' .. scope .. '\0' .. ms15(last) .. key)
   end
 end
 
