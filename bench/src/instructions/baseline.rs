@@ -37,7 +37,7 @@ impl Baseline {
              # bench/src/instructions/ for the shapes and the method).\n\
              # CI runs `--check` against this file and fails when a shape other than\n\
              # the floor's rises more than {rise:.0}% above its figure here. The floor_*\n\
-             # shapes run bench/floor/floor.lua, which never changes.\n\
+             # shapes run the scripts of bench/floor/, which never change.\n\
              #\n\
              # Regenerate with\n\
              #   cargo run --bin batcher-bench -- instructions --write bench/instructions.toml\n\
