@@ -11,11 +11,12 @@
 // 625 of 10k 15-byte keys, a fresh 25-byte id and a 32-byte payload. Groups
 // flush at 10 items, due after 60 s (none falls due in the window).
 //
-//   node floor.mjs --redis-port P --redis-pid PID --script floor.lua|floor_dedup.lua
+//   node floor.mjs --redis-port P --redis-pid PID
+//     --script floor.lua|floor_dedup.lua|floor_batch.lua
 //     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1]
 //
-// floor_dedup.lua gets the shard's flushed set and a 10-minute window, the
-// service's default. Prints one line of JSON.
+// floor_dedup.lua and floor_batch.lua get the shard's flushed set and a
+// 10-minute window, the service's default. Prints one line of JSON.
 
 import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
@@ -24,11 +25,12 @@ import { parseFlags, redisCpu } from './common.mjs';
 
 const flags = parseFlags('floor.mjs');
 const script = flags.script ?? 'floor.lua';
-if (script !== 'floor.lua' && script !== 'floor_dedup.lua') {
-  console.error(`floor.mjs: --script must be floor.lua or floor_dedup.lua, not ${script}`);
+const SCRIPTS = ['floor.lua', 'floor_dedup.lua', 'floor_batch.lua'];
+if (!SCRIPTS.includes(script)) {
+  console.error(`floor.mjs: --script must be one of ${SCRIPTS.join(', ')}, not ${script}`);
   process.exit(2);
 }
-const dedup = script === 'floor_dedup.lua';
+const dedup = script !== 'floor.lua';
 const port = Number(flags['redis-port'] ?? 6379);
 const pid = flags['redis-pid'] ? Number(flags['redis-pid']) : null;
 const callers = Number(flags.callers ?? 16);

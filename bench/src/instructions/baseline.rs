@@ -170,6 +170,8 @@ fn print_ratios(measured: &[Measured]) {
         ("unary", "floor_unary"),
         ("every_rule", "floor_addmany"),
         ("addmany", "floor_dedup"),
+        ("addmany", "floor_batch"),
+        ("floor_batch", "floor_dedup"),
         ("every_rule", "floor_rules"),
         ("addmany", "bullmq_addbulk"),
         ("sharded", "bullmq_addbulk"),
@@ -177,6 +179,7 @@ fn print_ratios(measured: &[Measured]) {
         ("floor_addmany", "bullmq_addbulk"),
         ("floor_unary", "bullmq_add"),
         ("floor_dedup", "bullmq_addbulk"),
+        ("floor_batch", "bullmq_addbulk"),
     ] {
         if let Some(r) = ratio(a, b) {
             println!("{:<25} = {r:.2}", format!("{a} / {b}"));

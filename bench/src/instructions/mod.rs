@@ -64,6 +64,14 @@
 //!   window of 10 minutes in a sorted set per shard, as batcher keeps one
 //!   (one ZMSCORE per call, one ZADD of the flushed items). It is the least
 //!   an add script with batcher's idempotency does.
+//! - `floor_batch`: the same items as `addmany` through
+//!   `bench/floor/floor_batch.lua`, frozen too: `floor_dedup` plus what
+//!   batcher keeps of a plain group and its batch, each at the least cost
+//!   measured (a sequence number from HLEN and the arrival time in each
+//!   item's value, the opening time written with the first item, the batch
+//!   in batcher's stream format). It is the least an add script with
+//!   batcher's semantics of a plain group does; `addmany / floor_batch` is
+//!   what our add does beyond it.
 //! - `floor_rules`: the same items as `every_rule`, with their parcels,
 //!   through `bench/floor/floor_rules.lua`, frozen too: `floor_dedup` plus
 //!   every rule of `every_rule`'s policy (one HMGET and one HSET of a

@@ -28,6 +28,9 @@ static FLOOR_DEDUP: LazyLock<redis::Script> =
 /// The frozen floor with a dedup window and every rule: see its header.
 static FLOOR_RULES: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_rules.lua")));
+/// The frozen floor with a dedup window and batcher's batch: see its header.
+static FLOOR_BATCH: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_batch.lua")));
 /// The dedup window `floor_dedup` runs with: the service's default.
 const FLOOR_WINDOW: Duration = Duration::from_secs(600);
 
@@ -189,6 +192,7 @@ pub(super) async fn run_floor(
         Floor::Plain => &FLOOR,
         Floor::Dedup => &FLOOR_DEDUP,
         Floor::Rules => &FLOOR_RULES,
+        Floor::Batch => &FLOOR_BATCH,
     };
     let call = |draws: &[Draw], keys: &dyn Fn(u64) -> String| {
         let now = now_ms();

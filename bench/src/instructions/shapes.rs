@@ -10,7 +10,7 @@ use crate::load::{self, Rng};
 use crate::policies::{DEADLINE_AHEAD_S, DEADLINE_ONE_IN, RULES_CONFIG, VOLUME_CM3, WEIGHT_G};
 
 /// Items of `addmany`, `sharded`, `every_rule`, `floor_addmany`,
-/// `floor_dedup` and `floor_rules`.
+/// `floor_dedup`, `floor_batch` and `floor_rules`.
 pub(super) const ITEMS: usize = 10_000;
 /// Items (and calls) of `unary` and `floor_unary`.
 pub(super) const UNARY_ITEMS: usize = 1_500;
@@ -45,6 +45,10 @@ pub(super) enum Floor {
     /// `bench/floor/floor_rules.lua`: the dedup floor and every rule of
     /// `every_rule`'s policy, with its parcels.
     Rules,
+    /// `bench/floor/floor_batch.lua`: the dedup floor and what batcher
+    /// keeps of a plain group and its batch (arrival order and times, the
+    /// opening time, the batch's format).
+    Batch,
 }
 
 /// One shape of the workload.
@@ -85,7 +89,7 @@ pub(super) const ROUND_ITEMS: usize = 16;
 /// Shards of `rounds` and `sharded`: the service's default.
 pub(super) const ROUND_SHARDS: u16 = 16;
 
-pub(super) const SHAPES: [Shape; 9] = [
+pub(super) const SHAPES: [Shape; 10] = [
     Shape {
         name: "addmany",
         route: Route::Store { rules: false },
@@ -138,6 +142,13 @@ pub(super) const SHAPES: [Shape; 9] = [
     Shape {
         name: "floor_dedup",
         route: Route::Floor(Floor::Dedup),
+        items: ITEMS,
+        per_call: PER_CALL,
+        shards: 1,
+    },
+    Shape {
+        name: "floor_batch",
+        route: Route::Floor(Floor::Batch),
         items: ITEMS,
         per_call: PER_CALL,
         shards: 1,
