@@ -21,8 +21,11 @@
 --   flushed, n, and items: #id ':' id #payload ':' payload for each item,
 --   in arrival order (sorted by sequence number only when the hash did not
 --   return them in order).
--- Numbers go to Redis as text made once per call (lengths, sequence
--- numbers, due time), never through Lua's %.14g.
+-- Numbers go to Redis as text, never through Lua's %.14g, each made when
+-- first needed: the due time when a group opens, the window's end when a
+-- call flushes, lengths and sequence numbers once per call (a call of one
+-- item formats its one number and looks its id up with ZSCORE, without
+-- the tables a call of many uses).
 --
 -- KEYS: the shard's due zset, its stream, its flushed zset, then one hash
 --       per group.
@@ -37,7 +40,8 @@ local max_wait = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local now_s, due_s, ends = format('%d', now), format('%d', now + max_wait), format('%d', now + window)
+local now_s, due_s, ends = format('%d', now), nil, nil
+-- Decimal texts of small numbers (lengths, counts), made once per call.
 local texts = {}
 local function text(n)
   local t = texts[n]
@@ -51,21 +55,32 @@ local members = {}
 for i = 4, #ARGV, 3 do
   members[#members + 1] = KEYS[3 + tonumber(ARGV[i])] .. '\255' .. ARGV[i + 1]
 end
-local until_ms = redis.call('ZMSCORE', flushed, unpack(members))
-local reply, recent, just = {}, {}, {}
+-- A call of one item looks it up and formats its number without a table.
+local one = #members == 1
+local until_ms
+if one then
+  until_ms = { redis.call('ZSCORE', flushed, members[1]) }
+else
+  until_ms = redis.call('ZMSCORE', flushed, unpack(members))
+end
+local reply, recent, just = {}, false, false
 local j = 0
 for i = 4, #ARGV, 3 do
   j = j + 1
   local group, id = KEYS[3 + tonumber(ARGV[i])], ARGV[i + 1]
   local size = false
-  if not (just[members[j]] or (until_ms[j] and tonumber(until_ms[j]) > now)) then
+  if not ((just and just[members[j]]) or (until_ms[j] and tonumber(until_ms[j]) > now)) then
     local fields = redis.call('HLEN', group)
     if fields == 0 then
       redis.call('HSET', group, '\128', now_s, id, '1,' .. now_s .. ',' .. ARGV[i + 2])
+      due_s = due_s or format('%d', now + max_wait)
       redis.call('ZADD', due, due_s, group)
       size = 1
-    elseif redis.call('HSETNX', group, id, text(fields) .. ',' .. now_s .. ',' .. ARGV[i + 2]) == 1 then
-      size = fields
+    else
+      local seq = one and format('%d', fields) or text(fields)
+      if redis.call('HSETNX', group, id, seq .. ',' .. now_s .. ',' .. ARGV[i + 2]) == 1 then
+        size = fields
+      end
     end
   end
   if not size then
@@ -92,6 +107,8 @@ for i = 4, #ARGV, 3 do
     for q = 1, n do order[q] = q end
     if not sorted then table.sort(order, function(a, b) return seqs[a] < seqs[b] end) end
     local parts, w = {}, 0
+    ends = ends or format('%d', now + window)
+    recent, just = recent or {}, just or {}
     for q = 1, n do
       local item, payload = ids[order[q]], payloads[order[q]]
       parts[w + 1], parts[w + 2], parts[w + 3], parts[w + 4], parts[w + 5], parts[w + 6] =
@@ -108,7 +125,7 @@ for i = 4, #ARGV, 3 do
     redis.call('ZREM', due, group)
   end
 end
-if #recent > 0 then
+if recent then
   redis.call('ZADD', flushed, unpack(recent))
   local stale = redis.call('ZRANGE', flushed, '-inf', now_s, 'BYSCORE', 'LIMIT', '0', text(#recent / 2 + 16))
   if #stale > 0 then

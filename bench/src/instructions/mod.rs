@@ -71,7 +71,10 @@
 //!   item's value, the opening time written with the first item, the batch
 //!   in batcher's stream format). It is the least an add script with
 //!   batcher's semantics of a plain group does; `addmany / floor_batch` is
-//!   what our add does beyond it.
+//!   what our add does beyond it. `floor_batch_unary` runs it on `unary`'s
+//!   items, one a call: the floor of a one-item call with these semantics,
+//!   beside `unary` (and `rounds`, the same items as the service sends
+//!   them under load).
 //! - `floor_rules`: the same items as `every_rule`, with their parcels,
 //!   through `bench/floor/floor_rules.lua`, frozen too: `floor_dedup` plus
 //!   every rule of `every_rule`'s policy (one HMGET and one HSET of a

@@ -12,7 +12,7 @@ use crate::policies::{DEADLINE_AHEAD_S, DEADLINE_ONE_IN, RULES_CONFIG, VOLUME_CM
 /// Items of `addmany`, `sharded`, `every_rule`, `floor_addmany`,
 /// `floor_dedup`, `floor_batch` and `floor_rules`.
 pub(super) const ITEMS: usize = 10_000;
-/// Items (and calls) of `unary` and `floor_unary`.
+/// Items (and calls) of `unary`, `floor_unary` and `floor_batch_unary`.
 pub(super) const UNARY_ITEMS: usize = 1_500;
 /// Items per call of the many-item shapes.
 pub(super) const PER_CALL: usize = 100;
@@ -89,7 +89,7 @@ pub(super) const ROUND_ITEMS: usize = 16;
 /// Shards of `rounds` and `sharded`: the service's default.
 pub(super) const ROUND_SHARDS: u16 = 16;
 
-pub(super) const SHAPES: [Shape; 10] = [
+pub(super) const SHAPES: [Shape; 11] = [
     Shape {
         name: "addmany",
         route: Route::Store { rules: false },
@@ -151,6 +151,13 @@ pub(super) const SHAPES: [Shape; 10] = [
         route: Route::Floor(Floor::Batch),
         items: ITEMS,
         per_call: PER_CALL,
+        shards: 1,
+    },
+    Shape {
+        name: "floor_batch_unary",
+        route: Route::Floor(Floor::Batch),
+        items: UNARY_ITEMS,
+        per_call: 1,
         shards: 1,
     },
     Shape {
