@@ -298,24 +298,6 @@ pub(crate) fn take<'a>(blob: &mut &'a [u8], what: &str) -> Result<&'a [u8], Deco
     Ok(value)
 }
 
-/// Decodes the `items` blob of a batch: for each item,
-/// `<id length>:<id><payload length>:<payload>`.
-pub fn decode_items(mut blob: &[u8], expected: usize) -> Result<Vec<Item>, DecodeError> {
-    let mut items = Vec::with_capacity(expected);
-    while !blob.is_empty() {
-        let id = take(&mut blob, "item")?.to_vec();
-        let payload = take(&mut blob, "item")?.to_vec();
-        items.push(Item::new(id, payload));
-    }
-    if items.len() != expected {
-        return Err(DecodeError(format!(
-            "item blob holds {} items, header says {expected}",
-            items.len()
-        )));
-    }
-    Ok(items)
-}
-
 /// Reads measure sums as the scripts write them: `name=v;name=v`.
 pub fn parse_sums(sums: &[u8]) -> Result<BTreeMap<String, u64>, DecodeError> {
     let text = std::str::from_utf8(sums).map_err(|_| DecodeError("sums: not UTF-8".into()))?;
@@ -382,19 +364,6 @@ pub struct AddResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The blob decoder reads binary ids and payloads, including ':' and empty payloads.
-    #[test]
-    fn decodes_binary_items() {
-        let blob = b"3:a:b4:\x00:\xff\n1:z0:";
-        let items = decode_items(blob, 2).unwrap();
-        assert_eq!(items[0].id, b"a:b");
-        assert_eq!(items[0].payload, b"\x00:\xff\n");
-        assert_eq!(items[1].id, b"z");
-        assert!(items[1].payload.is_empty());
-        assert!(decode_items(b"3:ab", 1).is_err());
-        assert!(decode_items(b"1:a1:b", 2).is_err());
-    }
 
     /// Every reason survives its word, and the Lua table names each one.
     #[test]

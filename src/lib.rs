@@ -10,7 +10,7 @@
 //! - `keys`: Redis key names, shards and hash tags (spread over the cluster
 //!   slots); the only place that formats them.
 //! - `scripts`: the Lua: the library of Redis Functions that alone knows a
-//!   group's layout (format 3), and the durable subscriptions' three scripts.
+//!   group's layout (format 4), and the durable subscriptions' three scripts.
 //! - `batch`: items, batches and groups, the domain types, and the table of flush reasons.
 //! - `store`: every script call and every Redis read and write, on one Redis or
 //!   a Redis Cluster (with `WAIT` for replicas when asked), including the

@@ -1,5 +1,5 @@
 //! The Lua. Open groups are read and written by one library of Redis
-//! Functions, the only code that knows a group's layout (format 3, see
+//! Functions, the only code that knows a group's layout (format 4, see
 //! `src/lua/layout.lua`) and decides when a group is due (on Redis `TIME`).
 //! It is loaded once per node with `FUNCTION LOAD` and called with `FCALL`,
 //! so a call runs only its function, not a script body that makes its
@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::batch::FlushReason;
 
 /// The data format the library reads and writes; see [`crate::store::Store::check_format`].
-pub const FORMAT: u32 = 3;
+pub const FORMAT: u32 = 4;
 
 /// The library's files, in the order they are joined into its body.
 const FILES: [&str; 7] = [

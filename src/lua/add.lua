@@ -352,33 +352,53 @@ end
 -- and keeps the rest open (more than one batch, and a rest, only when a
 -- reload lowered max_items while the group was open).
 local function flush_open(ctx, g, reason, batches)
-  local list, o, dict = false, opened[g], policy[g].dictionary
-  if stored[g] == 0 then
-    list = item_list()
+  local p, o, dict, meta, flat = policy[g], opened[g], policy[g].dictionary, {}, false
+  local count, j = stored[g], first_pending[g]
+  while j do count, j = count + 1, next_pending[j] end
+  if stored[g] > 0 then
+    flat = call('HGETALL', hash[g])
+    call('DEL', hash[g])
+  end
+  local size_cut, list, from = reason == REASON.SIZE, false, 1
+  batches = batches or {}
+  if whole(count, p.max_items, size_cut) then
+    -- One batch: the hash's fields as they are, then the call's items.
+    if not flat then
+      flat = { FIELD.opened, o }
+      if dict ~= '' then flat[3], flat[4] = FIELD.names, dict end
+    end
+    local n, i = #flat, first_pending[g]
+    while i do
+      local id, payload, ext = item_args(i)
+      flat[n + 1], flat[n + 2], n, i = id, item_value(ext, item_seq[i], payload), n + 2, next_pending[i]
+    end
+    batches[#batches + 1] = write_fields(ctx, key[g], reason, flat, meta)
   else
-    local meta
-    meta, list = load_group(hash[g])
-    o, dict = meta[FIELD.opened], meta[FIELD.names] or ''
+    if flat then
+      meta, list = list_of(flat)
+      o, dict = meta[FIELD.opened], meta[FIELD.names] or ''
+    else
+      list = item_list()
+    end
+    local i, n = first_pending[g], list.n
+    local ids, payloads, exts, seqs = list.id, list.payload, list.ext, list.seq
+    while i do
+      n = n + 1
+      ids[n], payloads[n], exts[n] = item_args(i)
+      seqs[n], i = item_seq[i], next_pending[i]
+    end
+    list.n = n
+    from = cut(ctx, key[g], reason, o, list, p.max_items, size_cut, dict, batches)
+  end
+  if stored[g] > 0 then
     if not rules_read[g] then
       rules[g], rules_read[g] = meta[FIELD.rules] and read_rules(meta[FIELD.rules], pooled(g)) or false, true
     end
-    call('DEL', hash[g])
     stored[g], indexed[g] = 0, false
     if meta[FIELD.limits] then unindex(IX, key[g], meta) end
   end
-  local i, n = first_pending[g], list.n
-  local ids, payloads, exts, seqs = list.id, list.payload, list.ext, list.seq
-  while i do
-    n = n + 1
-    ids[n], payloads[n], exts[n] = item_args(i)
-    seqs[n], i = item_seq[i], next_pending[i]
-  end
-  list.n = n
-  local p, size_cut = policy[g], reason == REASON.SIZE
-  batches = batches or {}
-  local from = cut(ctx, key[g], reason, o, list, p.max_items, size_cut, dict, batches)
   first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
-  if from <= list.n then keep_rest(g, list, from, o, dict, ctx.now) end
+  if list and from <= list.n then keep_rest(g, list, from, o, dict, ctx.now) end
   return batches
 end
 

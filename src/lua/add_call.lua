@@ -27,7 +27,7 @@
 --   the limit, LIMIT.SHARD or LIMIT.POLICY; waiting: the number of the group
 --   to flush, from 1, or 0 for none yet), the batches it wrote or false;
 --   then the keys of the groups to flush to make room}, a batch being {stream_id,
---   reason, opened, flushed, n, items, x, names}. (Flat: a nested table
+--   fields}, the fields of its stream entry (see layout.lua). (Flat: a nested table
 --   costs a reply more than the rest of a one-item call's reply.) A call
 --   that wrote no batch and names no group to flush returns the same
 --   numbers packed instead, struct '<d' .. 'dd' * items: the earliest due

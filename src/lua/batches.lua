@@ -32,11 +32,11 @@ local function push_item(list, id, payload, ext, seq)
   list.id[n], list.payload[n], list.ext[n], list.seq[n], list.n = id, payload, ext, seq, n
 end
 
--- A group's fields by name (o, s, x, m) and its items in arrival order.
--- A small hash (listpack) returns its fields in insertion order, which is
--- arrival order, so the items are sorted only when they are not already.
-local function load_group(gkey)
-  local flat = call('HGETALL', gkey)
+-- A group's fields by name (o, s, x, m) and its items in arrival order,
+-- from its hash's fields (HGETALL). A small hash (listpack) returns its
+-- fields in insertion order, which is arrival order, so the items are
+-- sorted only when they are not already.
+local function list_of(flat)
   local meta, list, sorted, last, n = {}, item_list(), true, -1, 0
   local ids, payloads, exts, seqs = list.id, list.payload, list.ext, list.seq
   for i = 1, #flat, 2 do
@@ -64,6 +64,19 @@ local function load_group(gkey)
   return meta, in_order
 end
 
+local function load_group(gkey)
+  return list_of(call('HGETALL', gkey))
+end
+
+-- How many items a group's hash fields (HGETALL) hold.
+local function items_in(flat)
+  local n = 0
+  for i = 1, #flat, 2 do
+    if not META[flat[i]] then n = n + 1 end
+  end
+  return n
+end
+
 -- What one call shares: the shard's keys, the Redis clock, the dedup
 -- window, and the flushed set's new members (2 per item written, written
 -- once, by finish). One table for every call (calls never overlap), so a
@@ -88,39 +101,82 @@ local function expiry(ctx)
   return ctx.expire
 end
 
--- The pieces of a batch's items and exts, joined by table.concat: arrays
--- that stay loaded with the library, so a batch allocates no table for them.
-local parts, xparts = {}, {}
+-- The most items a batch carries as fields of its entry (see layout.lua).
+local FIELDS_MAX = 2000
 
--- Writes list's items from..to as one batch of `key` to the shard stream.
--- Returns it as {stream_id, reason, opened, flushed, n, items, x, names}.
-local function write_batch(ctx, key, reason, opened, list, from, to, names)
-  local members, m, j, extras = ctx.recent, 2 * ctx.written, 0, false
-  local expire, ids, payloads, exts = expiry(ctx), list.id, list.payload, list.ext
-  for i = from, to do
-    local id, payload = ids[i], payloads[i]
-    parts[j + 1], parts[j + 2], parts[j + 3], parts[j + 4], parts[j + 5], parts[j + 6] =
-      DEC[#id] or dec(#id), ':', id, DEC[#payload] or dec(#payload), ':', payload
-    members[m + 1], members[m + 2] = expire, key .. SEP .. id
-    j, m = j + 6, m + 2
-    if exts[i] ~= '' then extras = true end
-  end
-  local blob, n, x, stream_id, now_s = table.concat(parts, '', 1, j), dec(to - from + 1), '', nil, now_text(ctx)
-  if extras then
-    j = 0
-    for i = from, to do
-      xparts[j + 1], xparts[j + 2], xparts[j + 3] = dec(#exts[i]), ':', exts[i]
-      j = j + 3
+-- Whether a flush of `count` items, cut into batches of at most `max` (0:
+-- no most), full ones only when `full_only`, writes them all as one batch
+-- of fields.
+local function whole(count, max, full_only)
+  return count <= FIELDS_MAX and (max == 0 or count <= max) and not (full_only and count < max)
+end
+
+-- The group's fields a batch keeps (o, m); it drops the others.
+local KEPT = { [FIELD.opened] = true, [FIELD.names] = true }
+
+-- Writes `fields`' first n as a batch of `key`, with its key, reason and
+-- flush time after them. Returns the batch as the functions reply it:
+-- {stream_id, fields}.
+local function xadd(ctx, key, reason, fields, n)
+  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4], fields[n + 5], fields[n + 6] =
+    BATCH.key, key, BATCH.reason, reason, BATCH.flushed, now_text(ctx)
+  return { call('XADD', ctx.stream, '*', unpack(fields, 1, n + 6)), fields }
+end
+
+-- Writes a batch of `key` whose items and group fields are `fields`' (id,
+-- value) and (field, value) pairs, in any order: a group's HGETALL with
+-- the call's items for it after, or a list's. It drops the group fields
+-- it does not keep (putting each into `meta`, if given, first) and records
+-- each item in the call's new flushed-set members. See write_batch for
+-- what it returns.
+local function write_fields(ctx, key, reason, fields, meta)
+  local members, m, expire, prefix = ctx.recent, 2 * ctx.written, expiry(ctx), key .. SEP
+  local i, n = 1, #fields
+  while i < n do
+    local f = fields[i]
+    if not META[f] then
+      members[m + 1], members[m + 2], m, i = expire, prefix .. f, m + 2, i + 2
+    else
+      if meta then meta[f] = fields[i + 1] end
+      if KEPT[f] then
+        i = i + 2
+      else
+        fields[i], fields[i + 1] = fields[n - 1], fields[n]
+        fields[n - 1], fields[n], n = nil, nil, n - 2
+      end
     end
-    x = table.concat(xparts, '', 1, j)
-    stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason, 'opened', opened,
-      'flushed', now_s, 'n', n, 'items', blob, 'x', x, 'names', names)
-  else
-    stream_id = call('XADD', ctx.stream, '*', 'key', key, 'reason', reason, 'opened', opened,
-      'flushed', now_s, 'n', n, 'items', blob)
   end
-  ctx.written = ctx.written + to - from + 1
-  return { stream_id, reason, opened, now_s, n, blob, x, extras and names or '' }
+  ctx.written = m / 2
+  return xadd(ctx, key, reason, fields, n)
+end
+
+-- The pieces of a packed batch's items, joined by table.concat: an array
+-- that stays loaded with the library.
+local parts = {}
+
+-- Writes list's items from..to as one batch of `key` to the shard stream,
+-- as fields, or packed when there are more than FIELDS_MAX. Returns it as
+-- {stream_id, fields}: the entry's fields, as layout.lua describes them.
+local function write_batch(ctx, key, reason, opened, list, from, to, names)
+  local fields, j = { FIELD.opened, opened }, 2
+  if names ~= '' then fields[3], fields[4], j = FIELD.names, names, 4 end
+  local ids, payloads, exts, seqs = list.id, list.payload, list.ext, list.seq
+  if to - from < FIELDS_MAX then
+    for i = from, to do
+      fields[j + 1], fields[j + 2], j = ids[i], item_value(exts[i], seqs[i], payloads[i]), j + 2
+    end
+    return write_fields(ctx, key, reason, fields)
+  end
+  local members, m, expire, prefix, k = ctx.recent, 2 * ctx.written, expiry(ctx), key .. SEP, 0
+  for i = from, to do
+    local id, v = ids[i], item_value(exts[i], seqs[i], payloads[i])
+    parts[k + 1], parts[k + 2], parts[k + 3], parts[k + 4], parts[k + 5], parts[k + 6] =
+      dec(#id), ':', id, dec(#v), ':', v
+    members[m + 1], members[m + 2], k, m = expire, prefix .. id, k + 6, m + 2
+  end
+  ctx.written = m / 2
+  fields[j + 1], fields[j + 2] = BATCH.packed, table.concat(parts, '', 1, k)
+  return xadd(ctx, key, reason, fields, j + 2)
 end
 
 -- Writes list's items oldest first as batches of at most `max` (0: one

@@ -48,9 +48,14 @@ local function flush(keys, args)
     if again then return { again, {} } end
     reason = why
   end
-  local meta, list = load_group(gkey)
-  local batches = {}
-  cut(ctx, key, reason, meta[FIELD.opened], list, tonumber(args[4]), false, meta[FIELD.names] or '', batches)
+  local flat, max, meta, batches = call('HGETALL', gkey), tonumber(args[4]), {}, {}
+  if whole(items_in(flat), max, false) then
+    batches[1] = write_fields(ctx, key, reason, flat, meta)
+  else
+    local list
+    meta, list = list_of(flat)
+    cut(ctx, key, reason, meta[FIELD.opened], list, max, false, meta[FIELD.names] or '', batches)
+  end
   call('DEL', gkey)
   call('ZREM', ctx.due, key)
   unindex(ix, key, meta)

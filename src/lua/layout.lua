@@ -1,4 +1,4 @@
--- The group layout, format 3: the only description of it. Every function
+-- The group layout, format 4: the only description of it. Every function
 -- that reads or writes a group's hash is in this library, and reads its
 -- fields by the names below.
 --
@@ -37,16 +37,33 @@
 -- its member is the key, a byte 255 (in no UTF-8 text, so the key ends
 -- there) and the id, scored by when the window ends (ms).
 --
--- A batch in the shard stream has the fields key, reason, opened, flushed,
--- n and items: the concatenation, in arrival order, of #id ':' id
--- #payload ':' payload for each item; and when one of its items has an
--- ext, x: #ext ':' ext for each item, and names: its group's m.
+-- A batch in the shard stream is an entry whose fields are its items and
+-- its own fields. Its own are each a single byte from 128 too (FIELD and
+-- BATCH below give each its byte):
+--   o, m     its group's, as above (m absent when none)
+--   k        the group's key
+--   r        the flush reason
+--   f        flushed at (ms, Redis clock), as text
+--   g, d     on a copy a redrive queued for one consumer group: that group,
+--            and the id of the batch it copies
+--   p        its items packed, for a batch of more than FIELDS_MAX items
+--            (more fields than a call can pass from a list): for each,
+--            #id ':' id #value ':' value
+-- Every other field is an item, its id and its value as in the group's
+-- hash (ext, sequence number, ',' and payload). Readers order the items
+-- by sequence number, and ignore any other field of one byte from 128: a
+-- batch of a whole group is its hash's fields as HGETALL gives them, less
+-- s, x and l, so no item is copied to write it.
 
 local call, tonumber, unpack, format = redis.call, tonumber, unpack, string.format
 local find, sub, byte, char, rep, gmatch = string.find, string.sub, string.byte, string.char, string.rep, string.gmatch
 local pack, unpack_struct = struct.pack, struct.unpack
 
 local FIELD = { opened = '\128', state = '\129', rules = '\130', names = '\131', limits = '\132' }
+-- A batch's own fields besides o and m. The redrive script (not in this
+-- library) writes g and d by these bytes too.
+local BATCH = { key = '\133', reason = '\134', flushed = '\135', for_group = '\136', origin = '\137',
+  packed = '\138' }
 local STATE, OPENED = FIELD.state, FIELD.opened
 -- Whether a field of a group's hash is one of FIELD (else it is an item).
 local META = {}
@@ -90,7 +107,7 @@ end
 local dec = memo(function(n) return format('%d', n) end, 4096)
 local num = memo(tonumber, 4096)
 
--- The decimal text of the lengths a batch's items usually have, looked up
+-- The decimal text of the sequence numbers most items have, looked up
 -- without a call.
 local DEC = {}
 for n = 0, 255 do DEC[n] = format('%d', n) end

@@ -70,7 +70,9 @@ impl Store {
             .group(group, consumer)
             .count(count);
         let stream = self.keys.shard(shard).stream;
-        let reply = conn.xread_options(&[stream], &[">"], &options).await?;
+        let reply = redis::Cmd::xread_options(&[stream], &[">"], &options)
+            .query_async(&mut conn)
+            .await?;
         Ok(batches_from_read(shard, reply)?)
     }
 
@@ -205,8 +207,10 @@ impl Store {
             let stream = self.keys.shard(shard).stream;
             let id = id.to_string();
             async move {
-                let reply = conn.xrange(&stream, &id, &id).await?;
-                batches_from_entries(shard, reply.ids).map_err(super::StoreError::from)
+                let entries = redis::Cmd::xrange(&stream, &id, &id)
+                    .query_async(&mut conn)
+                    .await?;
+                batches_from_entries(shard, entries).map_err(super::StoreError::from)
             }
         });
         let batches = try_join_all(reads).await?.into_iter().flatten().collect();

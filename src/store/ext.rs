@@ -129,26 +129,6 @@ fn parse_text(ext: &[u8], item: &mut Item) -> Result<(), DecodeError> {
     Ok(())
 }
 
-/// Decodes the `x` blob of a batch (the items' exts, each as
-/// `<length>:<ext>`, in item order) into its items; an empty blob is none.
-/// `names`: see [`parse`].
-pub(crate) fn decode_all(
-    mut blob: &[u8],
-    names: &[String],
-    items: &mut [Item],
-) -> Result<(), DecodeError> {
-    if blob.is_empty() {
-        return Ok(());
-    }
-    for item in items.iter_mut() {
-        parse(crate::batch::take(&mut blob, "ext")?, names, item)?;
-    }
-    if !blob.is_empty() {
-        return Err(DecodeError("ext blob: more exts than items".into()));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

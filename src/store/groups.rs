@@ -86,7 +86,7 @@ impl Store {
             .await?;
         let batches: Vec<Batch> = batches
             .into_iter()
-            .map(|batch| batch.into_batch(shard, key))
+            .map(|batch| batch.into_batch(shard))
             .collect();
         for batch in &batches {
             crate::metrics::flushed(batch, Some(due_at_ms));

@@ -8,7 +8,7 @@ use futures::future::try_join_all;
 use redis::streams::{StreamReadOptions, StreamTrimOptions, StreamTrimmingMode};
 use redis::{AsyncTypedCommands, ErrorKind, RedisError, ServerErrorKind};
 
-use super::decode::{batches_from_entries, batches_from_read};
+use super::decode::{LastGenerated, batches_from_entries, batches_from_read};
 use super::{Conn, Result, Store};
 use crate::batch::{Batch, StreamId};
 
@@ -24,8 +24,13 @@ impl Store {
     pub async fn stream_heads(&self) -> Result<Vec<StreamId>> {
         let heads = (0..self.keys.shards()).map(|shard| async move {
             let mut conn = self.conn.clone();
-            match conn.xinfo_stream(self.keys.shard(shard).stream).await {
-                Ok(info) => Ok(info.last_generated_id.parse()?),
+            let info = redis::cmd("XINFO")
+                .arg("STREAM")
+                .arg(self.keys.shard(shard).stream)
+                .query_async::<LastGenerated>(&mut conn)
+                .await;
+            match info {
+                Ok(LastGenerated(head)) => Ok(head),
                 // No stream yet: nothing was ever flushed in this shard.
                 Err(err) if no_stream(&err) => Ok(StreamId::ZERO),
                 Err(err) => Err(err.into()),
@@ -43,10 +48,10 @@ impl Store {
     ) -> Result<Vec<Batch>> {
         let mut conn = self.conn.clone();
         let stream = self.keys.shard(shard).stream;
-        let reply = conn
-            .xrange_count(stream, format!("({after}"), "+", count)
+        let entries = redis::Cmd::xrange_count(stream, format!("({after}"), "+", count)
+            .query_async(&mut conn)
             .await?;
-        Ok(batches_from_entries(shard, reply.ids)?)
+        Ok(batches_from_entries(shard, entries)?)
     }
 
     /// The batch stored at `entry` of a shard's stream, if it is still
@@ -55,8 +60,10 @@ impl Store {
         let mut conn = self.conn.clone();
         let stream = self.keys.shard(shard).stream;
         let id = entry.to_string();
-        let reply = conn.xrange_count(stream, &id, &id, 1).await?;
-        Ok(batches_from_entries(shard, reply.ids)?.pop())
+        let entries = redis::Cmd::xrange_count(stream, &id, &id, 1)
+            .query_async(&mut conn)
+            .await?;
+        Ok(batches_from_entries(shard, entries)?.pop())
     }
 
     /// Waits up to `block` for batches of a shard's stream after `after`, and
@@ -74,8 +81,8 @@ impl Store {
             .count(count)
             .block(block.as_millis() as usize);
         let stream = self.keys.shard(shard).stream;
-        let reply = conn
-            .xread_options(&[stream], &[after.to_string()], &options)
+        let reply = redis::Cmd::xread_options(&[stream], &[after.to_string()], &options)
+            .query_async(conn)
             .await?;
         Ok(batches_from_read(shard, reply)?)
     }

@@ -188,7 +188,7 @@ impl AddWriter {
                 let flushed: Vec<Batch> = batch
                     .into_iter()
                     .flatten()
-                    .map(|batch| batch.into_batch(self.shard, &new.key))
+                    .map(|batch| batch.into_batch(self.shard))
                     .collect();
                 for batch in &flushed {
                     crate::metrics::flushed(batch, None);

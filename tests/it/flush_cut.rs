@@ -235,3 +235,76 @@ async fn flush_rpc_after_a_reload_returns_every_batch_of_the_cut() {
         assert_eq!((&got.id, &got.items), (&expected.id, &expected.items));
     }
 }
+
+/// Adds items `i{from}..i{to}` to `key` under `policy` in one call (payload
+/// `{n},:`, which holds the characters a batch's values are cut at), and
+/// returns the batches the call flushed.
+async fn add_range(
+    store: &Store,
+    key: &str,
+    from: usize,
+    to: usize,
+    policy: &Policy,
+) -> Vec<Batch> {
+    let items = (from..to)
+        .map(|i| NewItem {
+            key: key.into(),
+            item: Item::new(format!("i{i}"), format!("{i},:")),
+            policy: policy.clone(),
+            close: false,
+            requeue_of: None,
+        })
+        .collect();
+    let report = store.add(items).await.expect("add");
+    assert!(
+        report
+            .results
+            .iter()
+            .all(|r| r.outcome == AddOutcome::Added)
+    );
+    report.results.into_iter().flat_map(|r| r.flushed).collect()
+}
+
+/// Large groups flush whole and in arrival order: 300 items (more than
+/// Redis keeps in a compact hash, which then gives its fields in no set
+/// order) completed by an add, or flushed by hand; 2,500 (more than a batch
+/// carries as its entry's fields) completed by an add, or 2,100 flushed by
+/// hand. The stream holds the batches the calls returned.
+#[tokio::test]
+async fn large_groups_flush_whole_and_in_arrival_order() {
+    let redis = RedisServer::start();
+    let handle = PolicyHandle::new(Policies::new(policy(3000, Duration::from_secs(600)), []));
+    let store = open(&redis, &handle).with_max_queued_adds(5000.try_into().unwrap());
+    let mut flushed = Vec::new();
+    for (key, max, count) in [("a", 300, 300), ("b", 2500, 2500)] {
+        let policy = policy(max, Duration::from_secs(600));
+        assert!(
+            add_range(&store, key, 0, count - 1, &policy)
+                .await
+                .is_empty()
+        );
+        let batches = add_range(&store, key, count - 1, count, &policy).await;
+        assert_eq!(ids(&batches), expected(&[count]), "{key}");
+        assert_eq!(batches[0].reason, FlushReason::Size);
+        flushed.extend(batches);
+    }
+    for (key, count) in [("c", 300), ("d", 2100)] {
+        let policy = policy(3000, Duration::from_secs(600));
+        assert!(add_range(&store, key, 0, count, &policy).await.is_empty());
+        let batches = store.flush(key, FlushReason::Manual).await.unwrap();
+        assert_eq!(ids(&batches), expected(&[count]), "{key}");
+        flushed.extend(batches);
+    }
+    for batch in &flushed {
+        assert!(store.group(&batch.key).await.unwrap().is_none());
+        let payloads = batch.items.iter().enumerate();
+        assert!(
+            payloads
+                .clone()
+                .all(|(i, item)| item.payload == format!("{i},:").as_bytes())
+        );
+    }
+    let mut stored = support::all_batches(&store).await;
+    stored.sort_by_key(|b| b.key.clone());
+    assert_eq!(stored, flushed);
+}
