@@ -12,10 +12,10 @@
 // flush at 10 items, due after 60 s (none falls due in the window).
 //
 //   node floor.mjs --redis-port P --redis-pid PID
-//     --script floor.lua|floor_dedup.lua|floor_batch.lua
+//     --script floor.lua|floor_dedup.lua|floor_batch.lua|floor_fields.lua
 //     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1]
 //
-// floor_dedup.lua and floor_batch.lua get the shard's flushed set and a
+// floor_dedup.lua, floor_batch.lua and floor_fields.lua get the shard's flushed set and a
 // 10-minute window, the service's default. Prints one line of JSON.
 
 import { readFileSync } from 'node:fs';
@@ -25,7 +25,7 @@ import { parseFlags, redisCpu } from './common.mjs';
 
 const flags = parseFlags('floor.mjs');
 const script = flags.script ?? 'floor.lua';
-const SCRIPTS = ['floor.lua', 'floor_dedup.lua', 'floor_batch.lua'];
+const SCRIPTS = ['floor.lua', 'floor_dedup.lua', 'floor_batch.lua', 'floor_fields.lua'];
 if (!SCRIPTS.includes(script)) {
   console.error(`floor.mjs: --script must be one of ${SCRIPTS.join(', ')}, not ${script}`);
   process.exit(2);

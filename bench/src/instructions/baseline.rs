@@ -172,6 +172,8 @@ fn print_ratios(measured: &[Measured]) {
         ("addmany", "floor_dedup"),
         ("addmany", "floor_batch"),
         ("floor_batch", "floor_dedup"),
+        ("addmany", "floor_fields"),
+        ("floor_fields", "floor_dedup"),
         ("unary", "floor_batch_unary"),
         ("rounds", "floor_batch_unary"),
         ("every_rule", "floor_rules"),
@@ -182,6 +184,7 @@ fn print_ratios(measured: &[Measured]) {
         ("floor_unary", "bullmq_add"),
         ("floor_dedup", "bullmq_addbulk"),
         ("floor_batch", "bullmq_addbulk"),
+        ("floor_fields", "bullmq_addbulk"),
         ("floor_batch_unary", "bullmq_add"),
     ] {
         if let Some(r) = ratio(a, b) {

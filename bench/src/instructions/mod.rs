@@ -75,6 +75,12 @@
 //!   items, one a call: the floor of a one-item call with these semantics,
 //!   beside `unary` (and `rounds`, the same items as the service sends
 //!   them under load).
+//! - `floor_fields`: the same items as `addmany` through
+//!   `bench/floor/floor_fields.lua`, frozen too: `floor_batch` with the
+//!   batch as format 4 writes it (the group's hash passed to XADD as it
+//!   is, the items ordered by their readers). It is the least an add
+//!   script with batcher's semantics of a plain group does in format 4;
+//!   `addmany / floor_fields` is what our add does beyond it.
 //! - `floor_rules`: the same items as `every_rule`, with their parcels,
 //!   through `bench/floor/floor_rules.lua`, frozen too: `floor_dedup` plus
 //!   every rule of `every_rule`'s policy (one HMGET and one HSET of a

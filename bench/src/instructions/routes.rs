@@ -31,6 +31,9 @@ static FLOOR_RULES: LazyLock<redis::Script> =
 /// The frozen floor with a dedup window and batcher's batch: see its header.
 static FLOOR_BATCH: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_batch.lua")));
+/// The frozen floor with batcher's batch of format 4: see its header.
+static FLOOR_FIELDS: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_fields.lua")));
 /// The dedup window `floor_dedup` runs with: the service's default.
 const FLOOR_WINDOW: Duration = Duration::from_secs(600);
 
@@ -193,6 +196,7 @@ pub(super) async fn run_floor(
         Floor::Dedup => &FLOOR_DEDUP,
         Floor::Rules => &FLOOR_RULES,
         Floor::Batch => &FLOOR_BATCH,
+        Floor::Fields => &FLOOR_FIELDS,
     };
     let call = |draws: &[Draw], keys: &dyn Fn(u64) -> String| {
         let now = now_ms();

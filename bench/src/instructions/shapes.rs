@@ -10,7 +10,7 @@ use crate::load::{self, Rng};
 use crate::policies::{DEADLINE_AHEAD_S, DEADLINE_ONE_IN, RULES_CONFIG, VOLUME_CM3, WEIGHT_G};
 
 /// Items of `addmany`, `sharded`, `every_rule`, `floor_addmany`,
-/// `floor_dedup`, `floor_batch` and `floor_rules`.
+/// `floor_dedup`, `floor_batch`, `floor_fields` and `floor_rules`.
 pub(super) const ITEMS: usize = 10_000;
 /// Items (and calls) of `unary`, `floor_unary` and `floor_batch_unary`.
 pub(super) const UNARY_ITEMS: usize = 1_500;
@@ -49,6 +49,9 @@ pub(super) enum Floor {
     /// keeps of a plain group and its batch (arrival order and times, the
     /// opening time, the batch's format).
     Batch,
+    /// `bench/floor/floor_fields.lua`: `Batch` with the batch as format 4
+    /// writes it (the group's hash passed to XADD as it is).
+    Fields,
 }
 
 /// One shape of the workload.
@@ -89,7 +92,7 @@ pub(super) const ROUND_ITEMS: usize = 16;
 /// Shards of `rounds` and `sharded`: the service's default.
 pub(super) const ROUND_SHARDS: u16 = 16;
 
-pub(super) const SHAPES: [Shape; 11] = [
+pub(super) const SHAPES: [Shape; 12] = [
     Shape {
         name: "addmany",
         route: Route::Store { rules: false },
@@ -149,6 +152,13 @@ pub(super) const SHAPES: [Shape; 11] = [
     Shape {
         name: "floor_batch",
         route: Route::Floor(Floor::Batch),
+        items: ITEMS,
+        per_call: PER_CALL,
+        shards: 1,
+    },
+    Shape {
+        name: "floor_fields",
+        route: Route::Floor(Floor::Fields),
         items: ITEMS,
         per_call: PER_CALL,
         shards: 1,
