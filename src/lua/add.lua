@@ -59,7 +59,15 @@ local added, due_dirty, rules_dirty = {}, {}, {}
 local first_arrival, last_arrival, first_pending, last_pending = {}, {}, {}, {}
 local close, requeue_of, member, flushed_until = {}, {}, {}, {}
 local next_arrival, next_pending, item_seq, held, field_of = {}, {}, {}, {}, {}
-local fields, values_of_item, out = {}, {}, {}
+local fields, values_of_item = {}, {}
+-- The call's reply in the making (see add_call.lua): `out`, its numbers,
+-- the earliest due time and then per item i its outcome (out[2 * i]) and
+-- size (out[2 * i + 1]); `wrote`, its first wrote_n entries pairs of an
+-- item and the batches it wrote.
+local out, wrote, wrote_n = {}, {}, 0
+local function wrote_batches(i, batches)
+  wrote[wrote_n + 1], wrote[wrote_n + 2], wrote_n = i, batches, wrote_n + 2
+end
 -- A group's fields and values to write, in write_group (its first ones).
 local WRITES = {}
 -- Per group g, a table for its rules that stays with the library (see
@@ -459,7 +467,8 @@ end
 -- for a next try when the call named every group under the limit (0).
 local function turn_away(i, p, limit, oldest, batches)
   if not p.flush_oldest then
-    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 3, limit, batches
+    out[2 * i], out[2 * i + 1] = 3, limit
+    if batches then wrote_batches(i, batches) end
     return
   end
   local at = 0
@@ -476,14 +485,15 @@ local function turn_away(i, p, limit, oldest, batches)
       named_shard = named_shard + 1
     end
   end
-  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 3 + limit, at, batches
+  out[2 * i], out[2 * i + 1] = 3 + limit, at
+  if batches then wrote_batches(i, batches) end
 end
 
 -- Takes item i into group g, and writes its reply: a duplicate, or an
 -- item appended to the group's pending chain, which may complete it.
 local function take(ctx, g, i, seen, requeued)
   if duplicate(ctx, i, seen, requeued) then
-    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, size[g], false
+    out[2 * i], out[2 * i + 1] = 2, size[g]
     return
   end
   local p = policy[g]
@@ -515,7 +525,8 @@ local function take(ctx, g, i, seen, requeued)
     reason = REASON.CLOSED
   end
   if reason then batches = flush_open(ctx, g, reason, batches) end
-  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, size[g], batches
+  out[2 * i], out[2 * i + 1] = 1, size[g]
+  if batches then wrote_batches(i, batches) end
 end
 
 -- Writes group g back: its pending items and counters in one HSET (with

@@ -21,28 +21,31 @@
 --   its policy's capacity. -2 or -3: no group number (the items have no
 --   flags, and either G is 1 or item g is group g's only one); its id; its
 --   payload; for -3, its ext.
--- Returns: {earliest due time this call set (ms) or 0, then per item:
---   outcome (1 added, 2 duplicate, 3 refused, 4 waiting for room under the
---   shard's limit, 5 under its policy's), its group's size after (refused:
---   the limit, LIMIT.SHARD or LIMIT.POLICY; waiting: the number of the group
---   to flush, from 1, or 0 for none yet), the batches it wrote or false;
---   then the keys of the groups to flush to make room}, a batch being {stream_id,
---   fields}, the fields of its stream entry (see layout.lua). (Flat: a nested table
---   costs a reply more than the rest of a one-item call's reply.) A call
---   that wrote no batch and names no group to flush returns the same
---   numbers packed instead, struct '<d' .. 'dd' * items: the earliest due
---   time, then per item its outcome and size (a string costs Redis less to
---   reply than a table).
---
---
--- The reply of a call of n items that wrote no batch and names no group
--- to flush, packed (see the top).
-local numbers = {}
-local function packed_reply(earliest, n)
-  if n == 1 then return pack('<ddd', earliest, out[2], out[3]) end
-  numbers[1] = earliest
-  for i = 1, n do numbers[2 * i], numbers[2 * i + 1] = out[3 * i - 1], out[3 * i] end
-  return pack(doubles(2 * n + 1), unpack(numbers, 1, 2 * n + 1))
+-- Returns: its numbers, packed, struct '<d' .. 'dd' * items: the earliest
+--   due time this call set (ms) or 0, then per item its outcome (1 added,
+--   2 duplicate, 3 refused, 4 waiting for room under the shard's limit, 5
+--   under its policy's) and its group's size after (refused: the limit,
+--   LIMIT.SHARD or LIMIT.POLICY; waiting: the number of the group to
+--   flush, from 1, or 0 for none yet). A call that wrote batches or names
+--   groups to flush returns {those numbers, W, then W pairs of an item's
+--   number (from 1) and the batches it wrote, then the keys of the groups
+--   to flush to make room}, a batch being {stream_id, fields}, the fields
+--   of its stream entry (see layout.lua). (Packed: a string costs Redis
+--   less to reply than a table, and most items write no batch.)
+
+-- The reply of a call of n items (see the top), in a table reused by
+-- every call.
+local REPLY = {}
+local function reply_of(earliest, n)
+  out[1] = earliest
+  local numbers = n == 1 and pack('<ddd', earliest, out[2], out[3])
+    or pack(doubles(2 * n + 1), unpack(out, 1, 2 * n + 1))
+  if wrote_n == 0 and room_n == 0 then return numbers end
+  REPLY[1], REPLY[2] = numbers, wrote_n / 2
+  for j = 1, wrote_n do REPLY[2 + j] = wrote[j] end
+  for j = 1, room_n do REPLY[2 + wrote_n + j] = room[j] end
+  REPLY[3 + wrote_n + room_n] = nil
+  return REPLY
 end
 
 -- Whether item i has no deadline.
@@ -100,11 +103,11 @@ local function add_usual_many(ctx, g, h, p)
   for j = 2, c do
     local id, until_ms = fields[j], flushed_until[i]
     if got[j] or seen[id] or until_ms and tonumber(until_ms) > ctx.now then
-      out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, n, false
+      out[2 * i], out[2 * i + 1] = 2, n
     else
       local _, payload, ext = item_args(i)
       seen[id], n, b, seq_n = true, n + 1, b + #payload, seq_n + 1
-      out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
+      out[2 * i], out[2 * i + 1] = 1, n
       writes[w + 1], writes[w + 2], w = id, item_value(ext, seq_n, payload), w + 2
     end
     i = next_arrival[i]
@@ -122,37 +125,41 @@ end
 -- set (0: none), or false, having changed nothing, when the group needs
 -- the general path (a reload lowered max_items below what it holds).
 local function add_usual(ctx, g, i, h, p)
-  local a = B + S * i
+  local a, now = B + S * i, ctx.now
   local field = A[a + ID_AT]
   local got = call('HMGET', h, STATE, field)
   local s, seq_n, size_n, bytes_n = got[1], 0, 0, 0
   if s then seq_n, size_n, bytes_n = unpack_struct('<ddd', s) end
   local until_ms = flushed_until[i]
-  if got[2] or until_ms and tonumber(until_ms) > ctx.now then
-    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, size_n, false
+  if got[2] or until_ms and tonumber(until_ms) > now then
+    out[2 * i], out[2 * i + 1] = 2, size_n
     return 0
   end
-  if size_n >= p.max_items then return false end
+  local max_items = p.max_items
+  if size_n >= max_items then return false end
   local payload = A[a + PAYLOAD_AT]
   local n, b = size_n + 1, bytes_n + #payload
   seq_n = seq_n + 1
-  if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then
-    local reason = n >= p.max_items and REASON.SIZE or REASON.BYTES
+  if n >= max_items or b >= p.bytes_cap then
+    local reason = n >= max_items and REASON.SIZE or REASON.BYTES
     local batches = flush_taken(ctx, g, h, p, size_n, not s and now_text(ctx), i, seq_n, reason)
     if s then
       due_gone[due_gone_n + 1] = key[g]
       due_gone_n = due_gone_n + 1
     end
-    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 0, batches
+    out[2 * i], out[2 * i + 1] = 1, 0
+    wrote_batches(i, batches)
     return 0
   end
-  local state_s, item = pack('<dddd', seq_n, n, b, ctx.now), item_value(EXT_AT and A[a + EXT_AT] or '', seq_n, payload)
-  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
+  out[2 * i], out[2 * i + 1] = 1, n
+  -- The item's value (see item_value), made here: a call costs more.
+  local item = (DEC[seq_n] or dec(seq_n)) .. ',' .. payload
+  if EXT_AT then item = A[a + EXT_AT] .. item end
   if s then
-    call('HSET', h, STATE, state_s, field, item)
+    call('HSET', h, STATE, pack('<dddd', seq_n, n, b, now), field, item)
     return 0
   end
-  call('HSET', h, STATE, state_s, OPENED, now_text(ctx), field, item)
+  call('HSET', h, STATE, pack('<dddd', seq_n, n, b, now), OPENED, now_text(ctx), field, item)
   return opened_due(ctx, g, p)
 end
 
@@ -164,16 +171,19 @@ end
 -- flushed set's members of items 1..n (those after the lead's are made
 -- already, by arrivals). Returns the earliest due time it set (0: none).
 local function add_lead(ctx, keys, ko, args, policies, at, step, lead, ng, n)
+  -- Group g's key is args[ka + step * g], item g's id A[ia + S * g], its
+  -- hash keys[ko + 4 + g].
+  local ka, ia, hk = at - step, B + ID_AT, ko + 4
   for g = 1, lead do
-    local k = args[at + step * (g - 1)]
-    key[g], member[g] = k, k .. SEP .. A[B + S * g + ID_AT]
+    local k = args[ka + step * g]
+    key[g], member[g] = k, k .. SEP .. A[ia + S * g]
   end
   lookup_flushed(ctx.flushed, n)
   local one = not policies[2] and policies[1]
   local earliest = 0
   for g = 1, lead do
-    local p = one or policies[num(args[at + step * (g - 1) + 1])]
-    local h = keys[ko + 4 + g]
+    local p = one or policies[num(args[ka + step * g + 1])]
+    local h = keys[hk + g]
     local due_at = false
     if p.usual then
       due_at = (not EXT_AT or undated(g)) and add_usual(ctx, g, g, h, p)
@@ -204,7 +214,7 @@ local function add(keys, args, now, ko, ao, na)
   A, S, G_AT, ID_AT, PAYLOAD_AT, EXT_AT = args, shape[1], shape[2], shape[3], shape[4], shape[5]
   B = first - S
   local n = (ao + na - first + 1) / S
-  IX, room_n = keys[ko + 4], 0
+  IX, room_n, wrote_n = keys[ko + 4], 0, 0
   if named_shard then named_in, named_shard = {}, false end
   due_set_n, due_gone_n = 0, 0
   local earliest = 0
@@ -241,11 +251,7 @@ local function add(keys, args, now, ko, ao, na)
   if due_gone_n > 0 then chunked('ZREM', ctx.due, due_gone, due_gone_n) end
   finish(ctx)
   A = nil
-  if ctx.written == 0 and room_n == 0 then return packed_reply(earliest, n) end
-  out[1] = earliest
-  for j = 1, room_n do out[3 * n + 1 + j] = room[j] end
-  out[3 * n + 2 + room_n] = nil
-  return out
+  return reply_of(earliest, n)
 end
 
 -- add_shards: the add function for several shards of one Redis (never a

@@ -52,7 +52,8 @@ local function ruled_open(ctx, g, i, h, p, size, seq)
     sums[j] = t
   end
   local batches = size > 0 and flush_taken(ctx, g, h, p, size, false, false, 0, REASON.CAPACITY)
-  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 1, batches
+  out[2 * i], out[2 * i + 1] = 1, 1
+  if batches then wrote_batches(i, batches) end
   local w, n = WRITES, 6
   w[1], w[2] = STATE, state(seq + 1, 1, #payload, now, k, sums)
   w[3], w[4] = OPENED, now_text(ctx)
@@ -95,7 +96,7 @@ local function add_ruled(ctx, g, i, h, p)
   end
   local until_ms = flushed_until[i]
   if got[4] or until_ms and tonumber(until_ms) > now then
-    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, size, false
+    out[2 * i], out[2 * i + 1] = 2, size
     return 0
   end
   if not s then return ruled_open(ctx, g, i, h, p, 0, 0) end
@@ -122,12 +123,13 @@ local function add_ruled(ctx, g, i, h, p)
     or full and REASON.CAPACITY
   if reason then
     local flushed = flush_taken(ctx, g, h, p, size, false, i, seq, reason)
-    out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, 0, flushed
+    out[2 * i], out[2 * i + 1] = 1, 0
+    if flushed then wrote_batches(i, flushed) end
     due_gone[due_gone_n + 1] = key[g]
     due_gone_n = due_gone_n + 1
     return 0
   end
-  out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
+  out[2 * i], out[2 * i + 1] = 1, n
   local state_s, item = state(seq, n, b, now, k, sums), item_value(ext, seq, payload)
   if x and (n == p.min_items or deadline > 0 and (earliest == 0 or deadline < earliest)) then
     local rules_x, due_at = rearmed(ctx, g, p, x, n, deadline)
@@ -166,7 +168,7 @@ local function add_ruled_many(ctx, g, h, p)
   for j = 4, c do
     local id, until_ms = fields[j], flushed_until[i]
     if got[j] or seen[id] or until_ms and tonumber(until_ms) > now then
-      out[3 * i - 1], out[3 * i], out[3 * i + 1] = 2, n, false
+      out[2 * i], out[2 * i + 1] = 2, n
     else
       local _, payload, ext = item_args(i)
       local deadline, v = item_values(ext, k)
@@ -179,7 +181,7 @@ local function add_ruled_many(ctx, g, h, p)
       n, b, seq, seen[id] = n + 1, b + #payload, seq + 1, true
       if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then return false end
       if deadline > 0 and (soonest == 0 or deadline < soonest) then soonest = deadline end
-      out[3 * i - 1], out[3 * i], out[3 * i + 1] = 1, n, false
+      out[2 * i], out[2 * i + 1] = 1, n
       writes[w + 1], writes[w + 2], w = id, item_value(ext, seq, payload), w + 2
     end
     i = next_arrival[i]

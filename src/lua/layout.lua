@@ -245,6 +245,8 @@ local policy_of = memo(function(blob)
   local scope = sub(blob, at, at + scope_len - 1)
   local dictionary = sub(blob, at + scope_len)
   return { max_items = max_items, max_bytes = max_bytes, min_items = min_items,
+    -- max_bytes, or, for none, a size no group reaches.
+    bytes_cap = max_bytes > 0 and max_bytes or math.huge,
     max_wait = max_wait, max_idle = idle, cutoff = c1, next_cutoff = c2, lead = lead,
     max_age = age, k = k, limits = limits, dictionary = dictionary, names = names_of(dictionary),
     plain = idle == 0 and c1 == 0 and lead == 0 and age == 0,
