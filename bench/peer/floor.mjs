@@ -12,11 +12,11 @@
 // flush at 10 items, due after 60 s (none falls due in the window).
 //
 //   node floor.mjs --redis-port P --redis-pid PID
-//     --script floor.lua|floor_dedup.lua|floor_batch.lua|floor_fields.lua
+//     --script floor.lua|floor_dedup.lua|floor_batch.lua|floor_fields.lua|floor_counters.lua
 //     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1]
 //
-// floor_dedup.lua, floor_batch.lua and floor_fields.lua get the shard's flushed set and a
-// 10-minute window, the service's default. Prints one line of JSON.
+// Every script but floor.lua gets the shard's flushed set and a 10-minute
+// window, the service's default. Prints one line of JSON.
 
 import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
@@ -25,7 +25,8 @@ import { parseFlags, redisCpu } from './common.mjs';
 
 const flags = parseFlags('floor.mjs');
 const script = flags.script ?? 'floor.lua';
-const SCRIPTS = ['floor.lua', 'floor_dedup.lua', 'floor_batch.lua', 'floor_fields.lua'];
+const SCRIPTS = ['floor.lua', 'floor_dedup.lua', 'floor_batch.lua', 'floor_fields.lua',
+  'floor_counters.lua'];
 if (!SCRIPTS.includes(script)) {
   console.error(`floor.mjs: --script must be one of ${SCRIPTS.join(', ')}, not ${script}`);
   process.exit(2);

@@ -174,6 +174,8 @@ fn print_ratios(measured: &[Measured]) {
         ("floor_batch", "floor_dedup"),
         ("addmany", "floor_fields"),
         ("floor_fields", "floor_dedup"),
+        ("addmany", "floor_counters"),
+        ("floor_counters", "floor_fields"),
         ("unary", "floor_batch_unary"),
         ("rounds", "floor_batch_unary"),
         ("every_rule", "floor_rules"),
@@ -185,6 +187,7 @@ fn print_ratios(measured: &[Measured]) {
         ("floor_dedup", "bullmq_addbulk"),
         ("floor_batch", "bullmq_addbulk"),
         ("floor_fields", "bullmq_addbulk"),
+        ("floor_counters", "bullmq_addbulk"),
         ("floor_batch_unary", "bullmq_add"),
     ] {
         if let Some(r) = ratio(a, b) {

@@ -81,6 +81,12 @@
 //!   is, the items ordered by their readers). It is the least an add
 //!   script with batcher's semantics of a plain group does in format 4;
 //!   `addmany / floor_fields` is what our add does beyond it.
+//! - `floor_counters`: the same items as `addmany` through
+//!   `bench/floor/floor_counters.lua`, frozen too: `floor_fields` with a
+//!   group's counters as our layout keeps them (read with the item's id in
+//!   one HMGET, written with the item in one HSET) in place of HLEN and
+//!   HSETNX. `addmany / floor_counters` is what our add does beyond its
+//!   layout; `floor_counters / floor_fields` is what the counters cost.
 //! - `floor_rules`: the same items as `every_rule`, with their parcels,
 //!   through `bench/floor/floor_rules.lua`, frozen too: `floor_dedup` plus
 //!   every rule of `every_rule`'s policy (one HMGET and one HSET of a

@@ -34,6 +34,9 @@ static FLOOR_BATCH: LazyLock<redis::Script> =
 /// The frozen floor with batcher's batch of format 4: see its header.
 static FLOOR_FIELDS: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_fields.lua")));
+/// The frozen floor with batcher's group counters: see its header.
+static FLOOR_COUNTERS: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_counters.lua")));
 /// The dedup window `floor_dedup` runs with: the service's default.
 const FLOOR_WINDOW: Duration = Duration::from_secs(600);
 
@@ -197,6 +200,7 @@ pub(super) async fn run_floor(
         Floor::Rules => &FLOOR_RULES,
         Floor::Batch => &FLOOR_BATCH,
         Floor::Fields => &FLOOR_FIELDS,
+        Floor::Counters => &FLOOR_COUNTERS,
     };
     let call = |draws: &[Draw], keys: &dyn Fn(u64) -> String| {
         let now = now_ms();

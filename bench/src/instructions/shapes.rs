@@ -10,7 +10,8 @@ use crate::load::{self, Rng};
 use crate::policies::{DEADLINE_AHEAD_S, DEADLINE_ONE_IN, RULES_CONFIG, VOLUME_CM3, WEIGHT_G};
 
 /// Items of `addmany`, `sharded`, `every_rule`, `floor_addmany`,
-/// `floor_dedup`, `floor_batch`, `floor_fields` and `floor_rules`.
+/// `floor_dedup`, `floor_batch`, `floor_fields`, `floor_counters` and
+/// `floor_rules`.
 pub(super) const ITEMS: usize = 10_000;
 /// Items (and calls) of `unary`, `floor_unary` and `floor_batch_unary`.
 pub(super) const UNARY_ITEMS: usize = 1_500;
@@ -52,6 +53,9 @@ pub(super) enum Floor {
     /// `bench/floor/floor_fields.lua`: `Batch` with the batch as format 4
     /// writes it (the group's hash passed to XADD as it is).
     Fields,
+    /// `bench/floor/floor_counters.lua`: `Fields` with the group's counters
+    /// as batcher's layout keeps them (HMGET and HSET of a packed field).
+    Counters,
 }
 
 /// One shape of the workload.
@@ -92,7 +96,7 @@ pub(super) const ROUND_ITEMS: usize = 16;
 /// Shards of `rounds` and `sharded`: the service's default.
 pub(super) const ROUND_SHARDS: u16 = 16;
 
-pub(super) const SHAPES: [Shape; 12] = [
+pub(super) const SHAPES: [Shape; 13] = [
     Shape {
         name: "addmany",
         route: Route::Store { rules: false },
@@ -159,6 +163,13 @@ pub(super) const SHAPES: [Shape; 12] = [
     Shape {
         name: "floor_fields",
         route: Route::Floor(Floor::Fields),
+        items: ITEMS,
+        per_call: PER_CALL,
+        shards: 1,
+    },
+    Shape {
+        name: "floor_counters",
+        route: Route::Floor(Floor::Counters),
         items: ITEMS,
         per_call: PER_CALL,
         shards: 1,
