@@ -33,13 +33,24 @@
 --   of its stream entry (see layout.lua). (Packed: a string costs Redis
 --   less to reply than a table, and most items write no batch.)
 
+-- out[1..count], packed as doubles: at most CHUNK at a time (Lua
+-- unpacks at most some 8,000 values at once).
+local function packed(count)
+  if count <= CHUNK then return pack(doubles(count), unpack(out, 1, count)) end
+  local parts = {}
+  for from = 1, count, CHUNK do
+    local to = math.min(from + CHUNK - 1, count)
+    parts[#parts + 1] = pack(doubles(to - from + 1), unpack(out, from, to))
+  end
+  return table.concat(parts)
+end
+
 -- The reply of a call of n items (see the top), in a table reused by
 -- every call.
 local REPLY = {}
 local function reply_of(earliest, n)
   out[1] = earliest
-  local numbers = n == 1 and pack('<ddd', earliest, out[2], out[3])
-    or pack(doubles(2 * n + 1), unpack(out, 1, 2 * n + 1))
+  local numbers = n == 1 and pack('<ddd', earliest, out[2], out[3]) or packed(2 * n + 1)
   if wrote_n == 0 and room_n == 0 then return numbers end
   REPLY[1], REPLY[2] = numbers, wrote_n / 2
   for j = 1, wrote_n do REPLY[2 + j] = wrote[j] end

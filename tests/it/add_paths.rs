@@ -245,3 +245,55 @@ async fn add_many_results_in_request_order_when_single_item_groups_lead() {
     }
     service.stop().await;
 }
+
+/// A call of the most items AddMany takes by default (10,000), all of one
+/// shard, comes back whole: every item's answer, whether it fills one group
+/// of max_items 10,000 (one batch, of all of them, by the last) or writes a
+/// batch every ten items.
+#[tokio::test]
+async fn a_call_of_ten_thousand_items_to_one_shard_answers_every_item() {
+    let redis = RedisServer::start();
+    let roomy = Policy::basic(10_000, Duration::from_secs(3600), None);
+    let store = open(&redis, &roomy);
+    let call = |key: &str, policy: &Policy| -> Vec<NewItem> {
+        (0..10_000)
+            .map(|n| NewItem {
+                key: key.into(),
+                item: Item::new(format!("{key}-{n}"), b"p".to_vec()),
+                policy: policy.clone(),
+                close: false,
+                requeue_of: None,
+            })
+            .collect()
+    };
+    let report = store.add(call("wide", &roomy)).await.expect("one group");
+    assert_eq!(report.results.len(), 10_000);
+    assert!(
+        report
+            .results
+            .iter()
+            .all(|r| r.outcome == AddOutcome::Added)
+    );
+    assert_eq!(report.results[9_998].group_size, 9_999);
+    assert!(report.results[..9_999].iter().all(|r| r.flushed.is_empty()));
+    let whole = &report.results[9_999].flushed;
+    assert_eq!(whole.len(), 1);
+    assert_eq!(whole[0].items.len(), 10_000);
+    assert_eq!(whole[0].items[4_321].id, b"wide-4321");
+
+    let tens = Policy::basic(10, Duration::from_secs(3600), None);
+    let report = store.add(call("tens", &tens)).await.expect("1,000 batches");
+    assert_eq!(report.results.len(), 10_000);
+    let flushed: Vec<usize> = report
+        .results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.flushed.is_empty())
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(flushed.len(), 1_000);
+    assert!(flushed.iter().all(|n| n % 10 == 9));
+    let last = &report.results[9_999].flushed[0];
+    assert_eq!(last.items.len(), 10);
+    assert_eq!(last.items[9].id, b"tens-9999");
+}
