@@ -8,7 +8,7 @@ use redis::{ErrorKind, RedisError};
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::Instant;
 
-use super::decode::Room;
+use super::add_reply::Room;
 use super::{Result, StoreError};
 use crate::batch::{AddResult, Batch, Item, OpenLimit};
 use crate::policy::Policy;

@@ -29,6 +29,7 @@
 
 mod add;
 mod add_args;
+mod add_reply;
 mod conn;
 mod consumer_groups;
 mod decode;

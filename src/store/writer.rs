@@ -22,8 +22,8 @@ use futures::future::join_all;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
+use super::add_reply::{AddReply, ItemReply};
 use super::conn::{Code, Conn, WaitReplicas, invoke, invoke_on_one_node};
-use super::decode::{AddReply, ItemReply};
 use super::job::{AddJob, NewItem, ShardReply, Slot, Waiting, writer_gone};
 use super::{AddArgs, Result, StoreError};
 use crate::batch::{AddOutcome, AddResult, Batch, DecodeError, OpenLimit};
