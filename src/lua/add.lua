@@ -47,7 +47,7 @@ local header_of = memo(function(h)
     at = at + lengths[j]
   end
   return { dedup = dedup, np = np, ng = ng, shape = SHAPES[shape], lead = lead, policies = policies }
-end, 1024)
+end, 64)
 
 -- The state of the call in progress, per group g and per item i: arrays
 -- that stay loaded with the library, each entry written before it is read

@@ -104,8 +104,8 @@ end
 
 -- Decimal text of a count, and the number a decimal text holds (tonumber
 -- goes through strtod, sprintf through the C library: a lookup is cheaper).
-local dec = memo(function(n) return format('%d', n) end, 4096)
-local num = memo(tonumber, 4096)
+local dec = memo(function(n) return format('%d', n) end, 512)
+local num = memo(tonumber, 512)
 
 -- The decimal text of the sequence numbers most items have, looked up
 -- without a call.
