@@ -262,7 +262,12 @@ local function add(keys, args, now, ko, ao, na)
   if due_gone_n > 0 then chunked('ZREM', ctx.due, due_gone, due_gone_n) end
   finish(ctx)
   A = nil
-  return reply_of(earliest, n)
+  local reply = reply_of(earliest, n)
+  if n > SHED or ng > SHED then
+    REPLY = {}
+    shed()
+  end
+  return reply
 end
 
 -- add_shards: the add function for several shards of one Redis (never a
