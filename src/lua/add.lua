@@ -91,27 +91,6 @@ local named_in, named_shard = {}, false
 -- (due, key) pairs to add, and keys to remove, with their counts.
 local due_set, due_gone, due_set_n, due_gone_n = {}, {}, 0, 0
 
--- The arrays above (and batches.lua's RECENT and parts) keep the size of
--- the largest call so far, and so the Lua heap, whose every table and
--- string the collector walks and whose cache lines every later call's
--- commands compete with: a call of 10,000 items left it 7 to 11 MB
--- instead of about 1. A call (or section) of more than SHED items or
--- groups ends by shedding them: fresh arrays, and one full collection.
-local SHED = 1024
-local function shed()
-  key, hash, policy, opened = {}, {}, {}, {}
-  seq, size, bytes, last, due = {}, {}, {}, {}, {}
-  sums, sums_valid, rules, rules_read, exists, stored = {}, {}, {}, {}, {}, {}
-  added, due_dirty, rules_dirty = {}, {}, {}
-  first_arrival, last_arrival, first_pending, last_pending = {}, {}, {}, {}
-  close, requeue_of, member, flushed_until = {}, {}, {}, {}
-  next_arrival, next_pending, item_seq, held, field_of = {}, {}, {}, {}, {}
-  fields, values_of_item, out, wrote, WRITES, rules_pool = {}, {}, {}, {}, {}, {}
-  indexed, indexed_last, room, named_in, due_set, due_gone = {}, {}, {}, {}, {}, {}
-  RECENT, parts = {}, {}
-  collectgarbage('collect')
-end
-
 local function start_group(g, h, k, p)
   key[g], hash[g], policy[g] = k, h, p
   first_arrival[g], last_arrival[g] = false, false
