@@ -21,6 +21,7 @@ mod cluster;
 mod cluster_faults;
 mod cutoffs;
 mod deadlines;
+mod docs;
 mod durable;
 mod flush_cut;
 mod format;
