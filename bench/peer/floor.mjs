@@ -13,10 +13,17 @@
 //
 //   node floor.mjs --redis-port P --redis-pid PID
 //     --script floor.lua|floor_dedup.lua|floor_batch.lua|floor_fields.lua|floor_counters.lua
-//     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1]
+//     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1] [--fcall 1 [--ballast N]]
 //
 // Every script but floor.lua gets the shard's flushed set and a 10-minute
 // window, the service's default. Prints one line of JSON.
+//
+// With --fcall 1 the script runs as a function (FCALL) of a library of its
+// own in Redis's functions VM, where batcher's library lives, its globals
+// read once a call; with --ballast N that library also keeps N small tables
+// alive there (about 0.2 KB each), which the Lua collector walks as it walks
+// batcher's library, and the JSON gives the VM's live heap after the run
+// (functions_heap_kb). Each run draws its own ids, so runs may share a Redis.
 
 import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
@@ -47,7 +54,26 @@ const WINDOW_MS = 600_000;
 
 const redis = new IORedis({ host: '127.0.0.1', port, maxRetriesPerRequest: null });
 const source = readFileSync(new URL(`../floor/${script}`, import.meta.url), 'utf8');
-const sha = await redis.script('LOAD', source);
+const fcall = flags.fcall === '1';
+const ballast = Number(flags.ballast ?? 0);
+let sha = null;
+if (fcall) {
+  await redis.call('FUNCTION', 'LOAD', 'REPLACE', [
+    '#!lua name=floor_lab',
+    'local ballast = {}',
+    `for i = 1, ${ballast} do ballast[i] = { i, i + 1, i + 2, 'b' .. i } end`,
+    "redis.register_function('floor_lab', function(KEYS, ARGV)",
+    'local redis, tonumber, string, struct, math, unpack = redis, tonumber, string, struct, math, unpack',
+    source,
+    'end)',
+    'redis.register_function { function_name = \'floor_lab_heap\', flags = { \'no-writes\' },',
+    "  callback = function() collectgarbage('collect') return { math.floor(collectgarbage('count')), #ballast } end }",
+  ].join('\n'));
+} else {
+  sha = await redis.script('LOAD', source);
+}
+// Three characters of this run's own, in place of the 'id' of the ids.
+const run = Math.floor(Math.random() * 36 ** 3).toString(36).padStart(3, '0');
 
 const key = (n) => `bench-k-${String(n).padStart(7, '0')}`;
 const payload = 'p'.repeat(32);
@@ -71,7 +97,7 @@ function call(caller, seq) {
       groups.set(k, g);
       keys.push(`${tag}:g:${k}`);
     }
-    args.push(g, `id-${String(caller).padStart(4, '0')}-${String(seq + i).padStart(17, '0')}`, payload);
+    args.push(g, `${run}-${String(caller).padStart(4, '0')}-${String(seq + i).padStart(16, '0')}`, payload);
   }
   return [keys, args];
 }
@@ -98,7 +124,9 @@ async function caller(c) {
   while (now() < end) {
     const [keys, args] = call(c, seq);
     seq += bulk;
-    const reply = await redis.evalsha(sha, keys.length, ...keys, ...args);
+    const reply = fcall
+      ? await redis.call('FCALL', 'floor_lab', keys.length, ...keys, ...args)
+      : await redis.evalsha(sha, keys.length, ...keys, ...args);
     const t = now();
     if (t >= start && t < end) {
       items += bulk;
@@ -107,6 +135,7 @@ async function caller(c) {
   }
 }
 await Promise.all([...Array.from({ length: callers }, (_, c) => caller(c)), meter]);
+const heap = fcall ? await redis.call('FCALL', 'floor_lab_heap', 0) : null;
 await redis.quit();
 
 if (added !== items) {
@@ -116,5 +145,9 @@ if (added !== items) {
 const out = { floor: basename(script, '.lua'), callers, bulk, seconds, items, rate: items / seconds };
 if (cpuStart !== null) {
   out.redis_cpu_us_per_item = Number((((cpuEnd - cpuStart) * 1e6) / items).toFixed(2));
+}
+if (heap !== null) {
+  out.ballast = heap[1];
+  out.functions_heap_kb = heap[0];
 }
 console.log(JSON.stringify(out));
