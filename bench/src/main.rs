@@ -9,6 +9,8 @@
 //! `load.rs` (load generation), `procs.rs` (child processes, started with
 //! the `batcher-testkit` crate that the integration tests use too; CPU and RSS),
 //! `floor_serve.rs` (the frozen service floor of row 2c),
+//! `store_load.rs` (the hidden `__store_load`: our add path without the
+//! service, driven as `bench/peer/floor.mjs` drives the floors),
 //! `reports.rs` and `cluster_report.rs` (results to rows and notes),
 //! `report.rs` (the table and BENCHMARKS.md),
 //! `method.rs` (its "How each figure is computed") and `charts/` (its SVG
@@ -215,6 +217,7 @@ mod runner;
 mod scale;
 mod scenarios;
 mod service;
+mod store_load;
 mod tracing_cost;
 
 use std::net::SocketAddr;
@@ -280,6 +283,10 @@ enum Command {
     /// Counts the Redis instructions per added item under callgrind, and
     /// writes or checks the baseline (bench/instructions.toml).
     Instructions(instructions::Opts),
+    /// Runs batcher's add path without the service, as floor.mjs runs the
+    /// floors (see store_load.rs).
+    #[command(name = "__store_load", hide = true)]
+    StoreLoad(store_load::Opts),
 }
 
 /// mimalloc: the service allocates and frees small buffers on every call,
@@ -296,6 +303,7 @@ fn main() -> ExitCode {
         Some(Command::Serve { config_toml }) => return serve(&config_toml),
         Some(Command::FloorServe { redis_url }) => return floor_serve(&redis_url),
         Some(Command::Instructions(opts)) => return instructions::main(opts),
+        Some(Command::StoreLoad(opts)) => return store_load(opts),
         None => {}
     }
     if args.print_config {
@@ -332,6 +340,21 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// The hidden `__store_load` subcommand: one line of JSON on stdout.
+fn store_load(opts: store_load::Opts) -> ExitCode {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match runtime.block_on(store_load::run(opts)) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("batcher-bench __store_load: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The hidden `__floor_serve` subcommand: the frozen service floor.
