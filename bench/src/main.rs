@@ -539,6 +539,7 @@ fn write_report(
             .config_text
             .replace(&env.redis_url, "<the bench's own redis-server>"),
         method: method::METHOD,
+        sitting: &report::kept_sitting(&out),
     };
     match std::fs::write(&out, document.render()) {
         Ok(()) => println!("wrote {}", out.display()),

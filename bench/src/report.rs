@@ -176,6 +176,8 @@ pub struct Document<'a> {
     pub commit: &'a str,
     pub config: &'a str,
     pub method: &'a str,
+    /// The section `bench/peer/run` writes (see [`kept_sitting`]).
+    pub sitting: &'a str,
 }
 
 impl Document<'_> {
@@ -243,6 +245,7 @@ impl Document<'_> {
                 missing.join("; ")
             }
         );
+        let _ = writeln!(out, "{}\n", self.sitting.trim_end());
         out.push_str(self.charts);
         if !self.notes.is_empty() {
             let _ = writeln!(out, "## Details\n");
@@ -259,6 +262,28 @@ impl Document<'_> {
         );
         out
     }
+}
+
+/// Where the section that `bench/peer/run` writes into BENCHMARKS.md (BullMQ,
+/// the frozen floors and the instruction counts, from one sitting) begins
+/// and ends. A rerun of the bench rewrites everything else.
+const SITTING_START: &str = "<!-- bench/peer/run writes this section; batcher-bench keeps it -->";
+const SITTING_END: &str = "<!-- end of bench/peer/run's section -->";
+
+/// The section `bench/peer/run` wrote into the report at `path`, markers
+/// included, or a placeholder with the markers when there is none, so the
+/// next `bench/peer/run` finds where to write.
+pub fn kept_sitting(path: &std::path::Path) -> String {
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    if let (Some(start), Some(end)) = (old.find(SITTING_START), old.find(SITTING_END))
+        && start < end
+    {
+        return old[start..end + SITTING_END.len()].to_string();
+    }
+    format!(
+        "{SITTING_START}\n## Against BullMQ and the frozen floors\n\n\
+         No sitting yet: `bench/peer/run` writes it here.\n{SITTING_END}"
+    )
 }
 
 /// The load average (1, 5, 15 min) from /proc/loadavg, or "unknown".
@@ -335,5 +360,27 @@ impl Results {
         eprintln!("batcher-bench: {name} could not run: {error}");
         self.failed = true;
         self.rows.push(Row::not_run(name, error));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rerun of the bench keeps the section bench/peer/run wrote, and a
+    /// report without one gets the markers for the next sitting.
+    #[test]
+    fn the_sitting_section_survives_a_rewrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("BENCHMARKS.md");
+        let fresh = kept_sitting(&path);
+        assert!(fresh.starts_with(SITTING_START) && fresh.ends_with(SITTING_END));
+        let section = format!("{SITTING_START}\n## Against BullMQ\n\n| a | b |\n{SITTING_END}");
+        std::fs::write(
+            &path,
+            format!("# Benchmarks\n\nold rows\n\n{section}\n\n## Charts\n"),
+        )
+        .unwrap();
+        assert_eq!(kept_sitting(&path), section);
     }
 }

@@ -178,6 +178,11 @@ pub struct Opts {
     /// instructions, beside the same sitting's CPU time.
     #[arg(long, conflicts_with_all = ["write", "check"])]
     peer: bool,
+    /// Also write the figures as JSON to this file (`{"redis": version,
+    /// "per_item": {shape: instructions per item}}`): what `bench/peer/run`
+    /// puts in BENCHMARKS.md beside the sitting's times.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
 }
 
 /// What a shape measured.
@@ -268,6 +273,19 @@ async fn run(opts: Opts) -> ExitCode {
                 );
                 return ExitCode::FAILURE;
             }
+        }
+    }
+    if let Some(path) = &opts.json {
+        let per_item: serde_json::Map<String, serde_json::Value> = (measured.iter())
+            .map(|m| (m.name.to_string(), (m.per_item().round() as u64).into()))
+            .collect();
+        let json = serde_json::json!({ "redis": redis.version, "per_item": per_item });
+        if let Err(e) = std::fs::write(path, format!("{json}\n")) {
+            eprintln!(
+                "batcher-bench instructions: cannot write {}: {e}",
+                path.display()
+            );
+            return ExitCode::FAILURE;
         }
     }
     if opts.check.is_some() && !failures.is_empty() {

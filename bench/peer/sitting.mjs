@@ -1,0 +1,147 @@
+// The tables of a sitting of bench/peer/run: every pair's figures beside
+// BullMQ's, and with --into BENCHMARKS.md the section of that file that
+// judges the add path's targets against BullMQ and the frozen floors, from
+// this sitting alone (times) and the instruction counts taken right after it.
+//
+//   node sitting.mjs --figs F --peer-jsonl F --service F
+//     [--instructions F --into BENCHMARKS.md --commit C --pairs N]
+//
+// --figs: one line per pair and shape, "pair shape rate µs peer_rate peer_µs"
+// (batcher's or a floor's rate and Redis CPU per item, then the same pair's
+// BullMQ run). --service: one line per pair, "pair ours_µs floor_µs", the
+// service CPU per unary add of scenario 2 and of the frozen service floor
+// under the same load. --instructions: `batcher-bench instructions --peer
+// --json`'s file. Prints the every-pair table; with --into, replaces the
+// section between the markers that batcher-bench keeps (or puts it before
+// "## Charts" when the file has none).
+
+import { readFileSync, writeFileSync } from 'node:fs';
+import { parseFlags } from './common.mjs';
+
+const flags = parseFlags('sitting.mjs');
+const version = JSON.parse(readFileSync(flags['peer-jsonl'], 'utf8').split('\n')[0]).version;
+const rows = readFileSync(flags.figs, 'utf8').trim().split('\n').map((l) => {
+  const [pair, shape, ...f] = l.trim().split(/\s+/);
+  const [rate, us, peerRate, peerUs] = f.map(Number);
+  return { pair, shape, rate, us, peerRate, peerUs, rr: rate / peerRate, cr: us / peerUs };
+});
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b), m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+};
+
+const cells = (r) =>
+  `| ${r.pair} | ${r.shape} | ${r.rate.toFixed(0)} | ${r.us.toFixed(1)} | ${r.peerRate.toFixed(0)} | ` +
+  `${r.peerUs.toFixed(1)} | ${r.rr.toFixed(2)}× | ${r.cr.toFixed(2)}× |`;
+const table = [
+  `| pair | shape | batcher (or floor) items/s | its Redis µs/item | BullMQ ${version} jobs/s | ` +
+    'BullMQ Redis µs/job | rate ratio (to BullMQ) | Redis cost ratio (to BullMQ) |',
+  '|---|---|---|---|---|---|---|---|',
+  ...rows.map(cells),
+];
+// Each column's median over the pairs; the ratios are medians of the pairs' ratios.
+for (const shape of new Set(rows.map((r) => r.shape))) {
+  const of = rows.filter((r) => r.shape === shape);
+  const m = (k) => median(of.map((r) => r[k]));
+  table.push(cells({ pair: 'median', shape, rate: m('rate'), us: m('us'), peerRate: m('peerRate'),
+    peerUs: m('peerUs'), rr: m('rr'), cr: m('cr') }));
+}
+console.log(table.join('\n'));
+
+if (flags.into) {
+  const START = '<!-- bench/peer/run writes this section; batcher-bench keeps it -->';
+  const END = "<!-- end of bench/peer/run's section -->";
+  const section = [START, ...render(), END].join('\n');
+  const old = readFileSync(flags.into, 'utf8');
+  const [a, b] = [old.indexOf(START), old.indexOf(END)];
+  let next;
+  if (a >= 0 && b > a) next = old.slice(0, a) + section + old.slice(b + END.length);
+  else if (old.includes('\n## Charts')) next = old.replace('\n## Charts', `\n${section}\n\n## Charts`);
+  else next = `${old.trimEnd()}\n\n${section}\n`;
+  writeFileSync(flags.into, next);
+  console.error(`wrote the sitting's section of ${flags.into}`);
+}
+
+// The section's lines.
+function render() {
+  const of = (shape) => rows.filter((r) => r.shape === shape);
+  const x = (v) => `${v.toFixed(2)}×`;
+  // A shape's figure, pair by pair ("a, b, c").
+  const list = (shape, k, fmt = x) => of(shape).map((r) => fmt(r[k])).join(', ');
+  const met = (values, ok) => {
+    const n = values.filter(ok).length;
+    return n === values.length ? 'met in every pair' : n === 0 ? 'not met' : `met in ${n} of ${values.length} pairs`;
+  };
+  const service = readFileSync(flags.service, 'utf8').trim().split('\n')
+    .map((l) => l.trim().split(/\s+/).map(Number));
+  const us = (v) => `${v.toFixed(1)} µs`;
+  const instr = flags.instructions ? JSON.parse(readFileSync(flags.instructions, 'utf8')) : null;
+  const per = (name) => instr?.per_item[name];
+  const ratio = (a, b) => (per(a) && per(b) ? per(a) / per(b) : NaN);
+
+  const out = [
+    '## Against BullMQ and the frozen floors, in one sitting',
+    '',
+    `\`bench/peer/run --pairs ${flags.pairs}\` at ${flags.commit}, ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, ` +
+      `BullMQ ${version}: batcher's scenarios 1 and 2, BullMQ's \`addBulk\` and \`add\` and the frozen floors ` +
+      '(`bench/floor/`), alternating, each on a fresh redis-server started the same way. Only ratios within a ' +
+      'pair are compared. The floors beside each target are the least that code does in the same pair: ' +
+      '`floor_counters` is the add of format 4\'s plain group (its counters, dedup window, batch and due set) ' +
+      'and nothing else; "beside our library" is the same script run as a function after 5 s of our add ' +
+      '(`batcher-bench __store_load --spread all`), with our library resident in the same Lua VM, as it ' +
+      'is in production; the service floor is `batcher-bench __floor_serve`, tonic serving one EVALSHA of ' +
+      '`floor.lua` per Add.',
+    '',
+    '| target | batcher, pair by pair | the floor beside it, pair by pair | batcher | the floor |',
+    '|---|---|---|---|---|',
+    `| AddMany rate ≥ 1.5× \`addBulk\` | ${list('AddMany/addBulk', 'rr')} | | ` +
+      `${met(of('AddMany/addBulk').map((r) => r.rr), (v) => v >= 1.5)} | |`,
+    `| AddMany Redis CPU ≤ 0.5× \`addBulk\` | ${list('AddMany/addBulk', 'cr')} | ` +
+      `\`floor_counters\` ${list('floor_counters/addBulk', 'cr')}; beside our library ${list('resident/addBulk', 'cr')} | ` +
+      `${met(of('AddMany/addBulk').map((r) => r.cr), (v) => v <= 0.5)} | ` +
+      `alone ${met(of('floor_counters/addBulk').map((r) => r.cr), (v) => v <= 0.5)}; beside our library ` +
+      `${met(of('resident/addBulk').map((r) => r.cr), (v) => v <= 0.5)} |`,
+    `| unary Add rate ≥ 1.0× \`add\` | ${list('Add/add', 'rr')} | the service floor ${list('service_floor/add', 'rr')} | ` +
+      `${met(of('Add/add').map((r) => r.rr), (v) => v >= 1)} | ` +
+      `${met(of('service_floor/add').map((r) => r.rr), (v) => v >= 1)} |`,
+    `| unary Add Redis CPU ≤ 0.6× \`add\` | ${list('Add/add', 'cr')} | \`floor_batch\`, one add a call ` +
+      `${list('floor_batch×1/add', 'cr')}; four ${list('floor_batch×4/add', 'cr')} | ` +
+      `${met(of('Add/add').map((r) => r.cr), (v) => v <= 0.6)} | one a call ` +
+      `${met(of('floor_batch×1/add').map((r) => r.cr), (v) => v <= 0.6)} |`,
+    `| service CPU ≤ 20 µs per unary add | ${service.map((s) => us(s[1])).join(', ')} | ` +
+      `the service floor ${service.map((s) => us(s[2])).join(', ')} | ` +
+      `${met(service.map((s) => s[1]), (v) => v <= 20)} | ${met(service.map((s) => s[2]), (v) => v <= 20)} |`,
+  ];
+  const over = (floor) => of('AddMany/addBulk')
+    .map((r) => x(r.us / of(floor).find((f) => f.pair === r.pair).us)).join(', ');
+  const after = ['', `AddMany's Redis CPU per item, pair by pair, over \`floor_counters\` alone: ` +
+    `${over('floor_counters/addBulk')}; over the same floor beside our library: ${over('resident/addBulk')}.`];
+  if (instr) {
+    const rules = ratio('every_rule', 'addmany'), floorRules = ratio('floor_rules', 'floor_dedup');
+    out.push(`| every rule ≤ 1.25× plain, in instructions | ${x(rules)} | \`floor_rules / floor_dedup\` ` +
+      `${x(floorRules)} | ${rules <= 1.25 ? 'met' : 'not met'} | ${floorRules <= 1.25 ? 'met' : 'not met'} |`);
+    out.push(...after);
+    out.push('', `Redis instructions per item (\`batcher-bench instructions --peer\`, callgrind, Redis ${instr.redis}), ` +
+      'counted right after the sitting; the baseline `.ci/run` guards is `bench/instructions.toml`:', '',
+    '| shape | per item | beside |', '|---|---|---|');
+    const line = (name, what, against) => {
+      if (!per(name)) return;
+      const beside = against.filter(([b]) => per(b)).map(([b, label]) => `${x(ratio(name, b))} ${label}`);
+      out.push(`| \`${name}\`: ${what} | ${per(name).toLocaleString('en')} | ${beside.join('; ')} |`);
+    };
+    const bulk = ['bullmq_addbulk', '`addBulk`'], add = ['bullmq_add', '`add`'];
+    line('addmany', 'AddMany, calls of 100 of one shard', [bulk, ['floor_counters', '`floor_counters`']]);
+    line('sharded', 'AddMany as scenario 1 shards it', [bulk]);
+    line('unary', 'one item a call', [add, ['floor_batch_unary', '`floor_batch_unary`']]);
+    line('rounds', 'unary adds as the round writers send them', [add]);
+    line('every_rule', 'AddMany with every rule on', [['addmany', '`addmany`'], ['floor_rules', '`floor_rules`']]);
+    line('floor_counters', 'the frozen floor of format 4', [bulk]);
+    line('floor_batch_unary', 'the frozen floor, one item a call', [add]);
+    line('floor_rules', 'the frozen floor with every rule', [['floor_dedup', '`floor_dedup`']]);
+    line('bullmq_addbulk', 'BullMQ, `addBulk` of 100', []);
+    line('bullmq_add', 'BullMQ, `add`', []);
+  }
+  if (!instr) out.push(...after);
+  out.push('', 'Every pair:', '', ...table);
+  return out;
+}
