@@ -1,6 +1,7 @@
-# What bench/peer/run and bench/peer/profile share: a temporary dir, removed
+# What bench/peer/run, resident and profile share: a temporary dir, removed
 # on exit; BullMQ (npm ci here), redis-server and a release build of
-# batcher-bench, installed or built when missing; and start_redis, which
+# batcher-bench, installed or built when missing; last_json and
+# floor_beside_library (at the end); and start_redis, which
 # starts a redis-server as batcher-bench starts its own. Sourced, with
 # $here (this dir) and $root (the repository) set.
 
@@ -41,3 +42,30 @@ start_redis() {
   exit 1
 }
 
+
+# The last line of JSON file $1: the values of its fields $2.., by spaces.
+last_json() {
+  node -e 'const [file, ...fields] = process.argv.slice(1);
+    const j = JSON.parse(require("fs").readFileSync(file, "utf8").trim().split("\n").pop());
+    console.log(fields.map((f) => j[f]).join(" "))' "$@"
+}
+
+# floor_counters.lua beside batcher's library: on a fresh redis-server, $2 s
+# of our add path without the service (batcher-bench __store_load --spread
+# all, as scenario 1 spreads its items: the library loaded, its Lua heap
+# grown), the library then kept ($1 = kept) or deleted (FUNCTION DELETE),
+# then the floor as a function of its own in the same Lua VM (floor.mjs
+# --fcall 1) on the same data; its JSON line is appended to $3.
+floor_beside_library() {
+  start_redis
+  "$bench" __store_load --redis-port "$redis_port" --redis-pid "$redis_pid" --spread all \
+    --seconds "$2" >&2
+  if [ "$1" = deleted ]; then
+    for lib in $(redis-cli -p "$redis_port" FUNCTION LIST | grep -o '^batcher_[0-9a-f]*$'); do
+      redis-cli -p "$redis_port" FUNCTION DELETE "$lib" >/dev/null
+    done
+  fi
+  node "$here/floor.mjs" --redis-port "$redis_port" --redis-pid "$redis_pid" \
+    --script floor_counters.lua --fcall 1 | tee -a "$3" >&2
+  stop_redis
+}
