@@ -33,6 +33,15 @@ const PER_CALL: u64 = 100;
 const KEYS: u64 = 10_000;
 const SHARDS: u16 = 16;
 
+/// Which shards a call's items are of.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Spread {
+    /// One shard, drawn per call (floor.mjs's calls).
+    Shard,
+    /// Every shard (scenario 1's AddMany).
+    All,
+}
+
 /// Its flags.
 #[derive(clap::Args)]
 pub struct Opts {
@@ -40,9 +49,8 @@ pub struct Opts {
     redis_port: u16,
     #[arg(long)]
     redis_pid: u32,
-    /// `shard`: each call's items of one shard; `all`: of every shard.
-    #[arg(long, default_value = "shard")]
-    spread: String,
+    #[arg(long, value_enum, default_value_t = Spread::Shard)]
+    spread: Spread,
     #[arg(long, default_value_t = 10)]
     seconds: u64,
     #[arg(long, default_value_t = 1)]
@@ -50,11 +58,7 @@ pub struct Opts {
 }
 
 pub async fn run(opts: Opts) -> Result<String, String> {
-    let one_shard = match opts.spread.as_str() {
-        "shard" => true,
-        "all" => false,
-        other => return Err(format!("--spread must be shard or all, not {other}")),
-    };
+    let one_shard = matches!(opts.spread, Spread::Shard);
     let config = Config::parse(
         "[defaults]\nmax_items = 10\nmax_wait = \"1h\"\n",
         "store_load",
@@ -142,7 +146,7 @@ pub async fn run(opts: Opts) -> Result<String, String> {
     let heap_kb = functions_heap_kb(&url).await?;
     Ok(serde_json::json!({
         "store": "batcher",
-        "spread": opts.spread,
+        "spread": if one_shard { "shard" } else { "all" },
         "callers": CALLERS,
         "bulk": PER_CALL,
         "seconds": opts.seconds,
