@@ -130,6 +130,7 @@ fn store_code(err: &StoreError) -> (Code, &'static str) {
         StoreError::OutOfMemory(_) => (Code::ResourceExhausted, "REDIS_OUT_OF_MEMORY"),
         StoreError::Timeout(_) => (Code::Unavailable, "REDIS_TIMEOUT"),
         StoreError::WrongFormat { .. } => (Code::FailedPrecondition, "DATA_FORMAT_MISMATCH"),
+        StoreError::WrongShards { .. } => (Code::FailedPrecondition, "SHARD_COUNT_MISMATCH"),
     }
 }
 
@@ -147,6 +148,12 @@ fn store_metadata(err: &StoreError) -> Vec<(&'static str, String)> {
         }
         StoreError::Timeout(budget) => vec![("deadline_ms", budget.as_millis().to_string())],
         StoreError::WrongFormat { found, .. } => vec![("found", found.clone())],
+        StoreError::WrongShards {
+            found, configured, ..
+        } => vec![
+            ("found", found.clone()),
+            ("configured", configured.to_string()),
+        ],
     }
 }
 

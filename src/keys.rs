@@ -92,6 +92,12 @@ impl Keyspace {
         format!("{{{}}}:format", self.prefix)
     }
 
+    /// The shard count the prefix's data is spread over, recorded beside
+    /// the format marker (see [`crate::store::Store::check_format`]).
+    pub fn shards_marker(&self) -> String {
+        format!("{{{}}}:shards", self.prefix)
+    }
+
     /// Hash of durable consumer groups: name -> definition (its key filters).
     /// Read and written by plain commands only, never by a script.
     pub fn consumer_groups(&self) -> String {

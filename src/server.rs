@@ -223,7 +223,9 @@ async fn open_store(config: &Config, endpoint: Endpoint) -> Result<Store, Server
         // served. A read that fails for want of an answer (a busy Redis)
         // leaves the check to the first write, as when Redis is down.
         Ok(()) => match store.check_format().await {
-            Err(err @ StoreError::WrongFormat { .. }) => return Err(err.into()),
+            Err(err @ (StoreError::WrongFormat { .. } | StoreError::WrongShards { .. })) => {
+                return Err(err.into());
+            }
             Err(err) => tracing::warn!(
                 %err,
                 "cannot read the data format marker yet; checking it before the first write"

@@ -259,6 +259,11 @@ struct Args {
     /// profile one of them.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     only: Vec<String>,
+    /// Run the service in this many shards (`[redis] shards`; scenario 9's
+    /// cluster keeps the default), e.g. to measure what the count costs.
+    #[arg(long, value_name = "N", default_value_t = service::SHARDS,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    shards: u16,
     /// Print the service config the bench runs, and exit.
     #[arg(long)]
     print_config: bool,
@@ -311,7 +316,7 @@ fn main() -> ExitCode {
             .redis_url
             .as_deref()
             .unwrap_or("redis://127.0.0.1:6379");
-        print!("{}", service::service_config(url));
+        print!("{}", service::service_config(url, args.shards));
         return ExitCode::SUCCESS;
     }
     let threads: usize = std::env::var("BENCH_THREADS")
@@ -458,7 +463,7 @@ async fn bench(args: Args) -> ExitCode {
         (std::process::id() ^ (load::now_micros() as u32)) & 0xffff
     );
     let mut results = Results::new(args.only.clone());
-    let mut env = match Env::start(args.redis_url.clone(), args.service).await {
+    let mut env = match Env::start(args.redis_url.clone(), args.service, args.shards).await {
         Ok(env) => env,
         Err(e) => {
             eprintln!("batcher-bench: {e}");
@@ -471,6 +476,13 @@ async fn bench(args: Args) -> ExitCode {
             "Redis was external ({}): it was not flushed between scenarios, so \
              memory and latency figures include whatever else it holds.",
             env.redis_url
+        ));
+    }
+    if args.shards != service::SHARDS {
+        results.notes.push(format!(
+            "The service ran in {} shards (--shards), not the default {}.",
+            args.shards,
+            service::SHARDS
         ));
     }
     runner::run_all(&mut results, &mut env, &sizes, &run_tag, args.quick).await;

@@ -20,21 +20,26 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// The pause between two calls while it does not answer.
 const READY_POLL: Duration = Duration::from_millis(50);
 
-/// The service config every scenario runs with. One config for all, with a
-/// key glob per scenario policy, so that an external service can run it too.
-pub fn service_config(redis_url: &str) -> String {
-    config_with(&format!("url = \"{redis_url}\""))
+/// The shards of the service under test unless `--shards` says otherwise:
+/// the default of `[redis] shards`.
+pub const SHARDS: u16 = 16;
+
+/// The service config every scenario runs with, in `shards` shards. One
+/// config for all, with a key glob per scenario policy, so that an external
+/// service can run it too.
+pub fn service_config(redis_url: &str, shards: u16) -> String {
+    config_with(&format!("url = \"{redis_url}\""), shards)
 }
 
 /// The same config on a Redis Cluster (scenario 9): `[redis] cluster_nodes`
 /// names the seed nodes instead of `url`.
 pub fn cluster_config(nodes: &[String]) -> String {
     let quoted: Vec<String> = nodes.iter().map(|n| format!("\"{n}\"")).collect();
-    config_with(&format!("cluster_nodes = [{}]", quoted.join(", ")))
+    config_with(&format!("cluster_nodes = [{}]", quoted.join(", ")), SHARDS)
 }
 
 /// The bench's config, with `redis_line` saying where Redis is.
-fn config_with(redis_line: &str) -> String {
+fn config_with(redis_line: &str, shards: u16) -> String {
     let mut config = format!(
         r#"shutdown_grace = "1s"
 
@@ -45,7 +50,7 @@ listen = "127.0.0.1:0"
 [redis]
 {redis_line}
 prefix = "bench"
-shards = 16
+shards = {shards}
 
 # Ingest (scenarios 1, 2, 9 and 11's plain run), fan-out (scenario 4) and
 # the dedup sets (scenario 8): groups flush by size.
@@ -89,10 +94,11 @@ pub struct Env {
 
 impl Env {
     /// Starts the bench's own Redis unless `redis_url` is given, and parses
-    /// the service config for it; no service runs yet.
+    /// the service config for it, in `shards` shards; no service runs yet.
     pub async fn start(
         redis_url: Option<String>,
         external_service: Option<SocketAddr>,
+        shards: u16,
     ) -> Result<Env, String> {
         let redis = match redis_url {
             Some(_) => None,
@@ -101,7 +107,7 @@ impl Env {
         let redis_url = redis_url
             .or_else(|| redis.as_ref().map(RedisServer::url))
             .expect("a Redis URL");
-        let config_text = service_config(&redis_url);
+        let config_text = service_config(&redis_url, shards);
         let config = Config::parse(&config_text, "bench")
             .map_err(|e| format!("the bench's own config is invalid: {e}"))?;
         Ok(Env {

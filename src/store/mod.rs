@@ -98,6 +98,22 @@ pub enum StoreError {
         crate::scripts::FORMAT
     )]
     WrongFormat { found: String, prefix: String },
+    /// Redis holds data under the prefix spread over another number of
+    /// shards than `[redis] shards`: under this count every key maps to
+    /// other shard keys, so the open groups, their due times and the dedup
+    /// window would be left where no writer or sweeper looks. Nothing is
+    /// written to it.
+    #[error(
+        "redis holds batcher data in {found} shards under prefix {prefix:?}, and this config has \
+         [redis] shards = {configured}; set shards = {found} (the count cannot change while the \
+         prefix holds data: every group, due time and remembered id would be stranded), or give \
+         this one another [redis] prefix"
+    )]
+    WrongShards {
+        found: String,
+        configured: u16,
+        prefix: String,
+    },
     /// The call's deadline (this long) passed before Redis answered.
     #[error("redis did not answer within {}", humantime::format_duration(*.0))]
     Timeout(Duration),
@@ -284,13 +300,17 @@ impl Store {
     }
 
     /// Checks the format marker under the prefix ([`Keyspace::format_marker`])
-    /// against [`crate::scripts::FORMAT`], and sets it where the prefix
-    /// holds nothing yet. A prefix with open groups or batches but no
-    /// marker holds format 1, which had none (an empty shard stream is no
-    /// sign of it: creating a consumer group makes one). Fails with [`StoreError::WrongFormat`]
-    /// for any other format, older or newer. Once the format was found to be
-    /// ours, later calls answer at once: the service checks at start, or,
-    /// when Redis is down then, before its first add.
+    /// against [`crate::scripts::FORMAT`], and the shard count recorded
+    /// beside it ([`Keyspace::shards_marker`]) against `[redis] shards`,
+    /// and sets both where the prefix holds nothing yet. A prefix with open
+    /// groups or batches but no marker holds format 1, which had none (an
+    /// empty shard stream is no sign of it: creating a consumer group makes
+    /// one). Fails with [`StoreError::WrongFormat`] for any other format,
+    /// older or newer, and with [`StoreError::WrongShards`] for another
+    /// count. A prefix marked before the count was recorded takes this
+    /// store's count. Once both were found to be ours, later calls answer
+    /// at once: the service checks at start, or, when Redis is down then,
+    /// before its first add.
     pub async fn check_format(&self) -> Result<()> {
         self.format_checked
             .get_or_try_init(|| self.read_format())
@@ -300,56 +320,91 @@ impl Store {
 
     /// [`Store::check_format`], each time it is called.
     async fn read_format(&self) -> Result<()> {
-        let marker = self.keys.format_marker();
-        let mut conn = self.conn.clone();
-        let mut found: Option<String> = redis::cmd("GET")
-            .arg(&marker)
-            .query_async(&mut conn)
-            .await?;
+        let shards = self.keys.shards().to_string();
+        let (mut found, mut found_shards) = self.read_markers().await?;
         if found.is_none() {
-            let shards = (0..self.keys.shards()).map(|shard| {
-                let keys = self.keys.shard(shard);
-                let mut conn = self.conn.clone();
-                async move {
-                    let groups: u32 = redis::cmd("EXISTS")
-                        .arg(&keys.due)
-                        .query_async(&mut conn)
-                        .await?;
-                    let batches: u32 = redis::cmd("XLEN")
-                        .arg(&keys.stream)
-                        .query_async(&mut conn)
-                        .await?;
-                    Ok::<_, RedisError>(groups + batches)
-                }
-            });
-            let used = futures::future::try_join_all(shards).await?;
-            if used.iter().any(|n| *n > 0) {
-                found = Some("1".into());
+            found = Some(if self.holds_unmarked_data().await? {
+                "1".into()
             } else {
-                let set: Option<String> = redis::cmd("SET")
-                    .arg(&marker)
-                    .arg(crate::scripts::FORMAT)
-                    .arg("NX")
-                    .query_async(&mut conn)
-                    .await?;
-                if set.is_none() {
-                    // Another instance set it first.
-                    found = redis::cmd("GET")
-                        .arg(&marker)
-                        .query_async(&mut conn)
-                        .await?;
-                }
-            }
+                self.set_once(
+                    &self.keys.format_marker(),
+                    &crate::scripts::FORMAT.to_string(),
+                )
+                .await?
+            });
         }
         match found {
             Some(found) if found != crate::scripts::FORMAT.to_string() => {
-                Err(StoreError::WrongFormat {
+                return Err(StoreError::WrongFormat {
                     found,
                     prefix: self.keys.prefix().to_owned(),
-                })
+                });
             }
+            _ => {}
+        }
+        if found_shards.is_none() {
+            // A fresh prefix, or one marked before counts were recorded.
+            found_shards = Some(self.set_once(&self.keys.shards_marker(), &shards).await?);
+        }
+        match found_shards {
+            Some(found) if found != shards => Err(StoreError::WrongShards {
+                found,
+                configured: self.keys.shards(),
+                prefix: self.keys.prefix().to_owned(),
+            }),
             _ => Ok(()),
         }
+    }
+
+    /// Sets `key` to `value` unless it is set, and returns what it holds
+    /// then: `value`, or what another instance set first.
+    async fn set_once(&self, key: &str, value: &str) -> Result<String> {
+        let mut conn = self.conn.clone();
+        let set: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .query_async(&mut conn)
+            .await?;
+        if set.is_some() {
+            return Ok(value.to_owned());
+        }
+        let held: Option<String> = redis::cmd("GET").arg(key).query_async(&mut conn).await?;
+        // Deleted meanwhile: nothing under the prefix says otherwise.
+        Ok(held.unwrap_or_else(|| value.to_owned()))
+    }
+
+    /// The format marker and the recorded shard count. Both share the
+    /// prefix's hash tag: one slot, one `MGET`.
+    async fn read_markers(&self) -> Result<(Option<String>, Option<String>)> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("MGET")
+            .arg(self.keys.format_marker())
+            .arg(self.keys.shards_marker())
+            .query_async(&mut conn)
+            .await?)
+    }
+
+    /// Whether any shard's due set or stream exists: data of format 1,
+    /// when the prefix has no marker.
+    async fn holds_unmarked_data(&self) -> Result<bool> {
+        let shards = (0..self.keys.shards()).map(|shard| {
+            let keys = self.keys.shard(shard);
+            let mut conn = self.conn.clone();
+            async move {
+                let groups: u32 = redis::cmd("EXISTS")
+                    .arg(&keys.due)
+                    .query_async(&mut conn)
+                    .await?;
+                let batches: u32 = redis::cmd("XLEN")
+                    .arg(&keys.stream)
+                    .query_async(&mut conn)
+                    .await?;
+                Ok::<_, RedisError>(groups + batches)
+            }
+        });
+        let used = futures::future::try_join_all(shards).await?;
+        Ok(used.iter().any(|n| *n > 0))
     }
 
     /// Runs a write function or script on the shared connection, waiting for replicas

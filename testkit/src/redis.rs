@@ -241,11 +241,12 @@ impl RedisServer {
         cli(self.port, args)
     }
 
-    /// How many keys hold data: every key but the data format marker, which
-    /// a service sets when it starts.
+    /// How many keys hold data: every key but the data format marker and
+    /// the shard count beside it, which a service sets when it starts.
     pub fn data_keys(&self) -> String {
         let script = "local n = 0 for _, k in ipairs(redis.call('KEYS', '*')) do \
-                      if not string.find(k, '}:format$') then n = n + 1 end end return n";
+                      if not (string.find(k, '}:format$') or string.find(k, '}:shards$')) \
+                      then n = n + 1 end end return n";
         self.cli(&["EVAL", script, "0"])
     }
 

@@ -121,3 +121,53 @@ async fn a_consumer_group_made_before_the_first_add_is_not_format_1() {
     let marker = Keyspace::new("batcher", 4).format_marker();
     assert_eq!(redis.cli(&["GET", &marker]), FORMAT.to_string());
 }
+
+/// A prefix recorded with another shard count refuses the start with one
+/// line naming both counts and the fix, and is left as it was; a prefix
+/// marked before counts were recorded takes the configured count, and a
+/// fresh prefix records it with the format.
+#[tokio::test]
+async fn a_prefix_of_another_shard_count_refuses_to_start() {
+    let redis = RedisServer::start();
+    let keys = Keyspace::new("batcher", 4);
+    let (marker, shards) = (keys.format_marker(), keys.shards_marker());
+    let service = Service::start(support::config(&redis.url(), "")).await;
+    let mut client = service.client().await;
+    client
+        .add(add("k", "1", b"p"))
+        .await
+        .expect("an add on a fresh prefix");
+    assert_eq!(redis.cli(&["GET", &shards]), "4");
+    service.stop().await;
+
+    let mut eight = support::config(&redis.url(), "");
+    eight.redis.shards = std::num::NonZeroU16::new(8).expect("8 is not 0");
+    let msg = start_error(eight).await;
+    assert!(
+        msg.contains("in 4 shards under prefix \"batcher\"")
+            && msg.contains("[redis] shards = 8;")
+            && msg.contains("set shards = 4"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n'), "one line: {msg}");
+    assert_eq!(
+        redis.cli(&["GET", &shards]),
+        "4",
+        "the count was overwritten"
+    );
+    assert_eq!(
+        redis.cli(&["GET", &marker]),
+        FORMAT.to_string(),
+        "the marker was changed"
+    );
+
+    redis.cli(&["DEL", &shards]);
+    let service = Service::start(support::config(&redis.url(), "")).await;
+    let mut client = service.client().await;
+    client
+        .add(add("k", "2", b"p"))
+        .await
+        .expect("an add on a prefix marked before counts were recorded");
+    assert_eq!(redis.cli(&["GET", &shards]), "4");
+    service.stop().await;
+}
