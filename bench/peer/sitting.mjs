@@ -4,14 +4,15 @@
 // this sitting alone (times) and the instruction counts taken right after it.
 //
 //   node sitting.mjs --figs F --peer-jsonl F --service F
-//     [--instructions F --into BENCHMARKS.md --commit C --pairs N]
+//     [--instructions F --into BENCHMARKS.md --commit C --pairs N --shards N]
 //
 // --figs: one line per pair and shape, "pair shape rate µs peer_rate peer_µs"
 // (batcher's or a floor's rate and Redis CPU per item, then the same pair's
 // BullMQ run). --service: one line per pair, "pair ours_µs floor_µs", the
 // service CPU per unary add of scenario 2 and of the frozen service floor
 // under the same load. --instructions: `batcher-bench instructions --peer
-// --json`'s file. Prints the every-pair table; with --into, replaces the
+// --json`'s file. --shards N: the sitting also ran rows 1 and 2 in N
+// shards (bench/peer/run --shards). Prints the every-pair table; with --into, replaces the
 // section between the markers that batcher-bench keeps (or puts it before
 // "## Charts" when the file has none).
 
@@ -92,11 +93,20 @@ function render() {
     `${ours.map((v, j) => x(v / of('floor_counters/addBulk')[j].cr)).join(', ')}; over that floor with our ` +
     `library resident: ${ours.map((v, j) => x(v / resident[j])).join(', ')}. What our library resident costs ` +
     `the floor (kept over deleted): ${library.map(x).join(', ')}.`];
+  if (flags.shards) {
+    const n = flags.shards, many = `AddMany_${n}_shards/addBulk`, unary = `Add_${n}_shards/add`;
+    after.push('', `With the service in ${n} shards (\`--shards ${n}\`; rows \`${many}\` and \`${unary}\`, ` +
+      'each run in the same pair as the default\'s), pair by pair: AddMany\'s Redis CPU per item ' +
+      `${list(many, 'cr')} \`addBulk\`'s (the default's ${list('AddMany/addBulk', 'cr')}) at ` +
+      `${list(many, 'rr')} its rate; unary Add's Redis CPU per add ${list(unary, 'cr')} \`add\`'s ` +
+      `(the default's ${list('Add/add', 'cr')}) at ${list(unary, 'rr')} its rate ` +
+      `(the default's ${list('Add/add', 'rr')}).`);
+  }
 
   const out = [
     '## Against BullMQ and the frozen floors, in one sitting',
     '',
-    `\`bench/peer/run --pairs ${flags.pairs}\` at ${flags.commit}, ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, ` +
+    `\`bench/peer/run --pairs ${flags.pairs}${flags.shards ? ` --shards ${flags.shards}` : ''}\` at ${flags.commit}, ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, ` +
       `BullMQ ${version}: batcher's scenarios 1 and 2, BullMQ's \`addBulk\` and \`add\` and the frozen floors ` +
       '(`bench/floor/`), alternating, each on a fresh redis-server started the same way. Only ratios within a ' +
       'pair are compared. The floors beside each target are the least that code does in the same pair: ' +
