@@ -20,14 +20,8 @@ use tonic::Code;
 async fn a_prefix_in_another_format_refuses_to_start() {
     let redis = RedisServer::start();
     let marker = Keyspace::new("batcher", 4).format_marker();
-    let service = Service::start(support::config(&redis.url(), "")).await;
-    let mut client = service.client().await;
-    client
-        .add(add("k", "1", b"p"))
-        .await
-        .expect("an add on a fresh prefix");
+    add_once(&redis, "1", "an add on a fresh prefix").await;
     assert_eq!(redis.cli(&["GET", &marker]), FORMAT.to_string());
-    service.stop().await;
 
     for other in [FORMAT - 1, FORMAT + 1].map(|f| f.to_string()) {
         redis.cli(&["SET", &marker, &other]);
@@ -131,14 +125,8 @@ async fn a_prefix_of_another_shard_count_refuses_to_start() {
     let redis = RedisServer::start();
     let keys = Keyspace::new("batcher", 4);
     let (marker, shards) = (keys.format_marker(), keys.shards_marker());
-    let service = Service::start(support::config(&redis.url(), "")).await;
-    let mut client = service.client().await;
-    client
-        .add(add("k", "1", b"p"))
-        .await
-        .expect("an add on a fresh prefix");
+    add_once(&redis, "1", "an add on a fresh prefix").await;
     assert_eq!(redis.cli(&["GET", &shards]), "4");
-    service.stop().await;
 
     let mut eight = support::config(&redis.url(), "");
     eight.redis.shards = std::num::NonZeroU16::new(8).expect("8 is not 0");
@@ -162,12 +150,20 @@ async fn a_prefix_of_another_shard_count_refuses_to_start() {
     );
 
     redis.cli(&["DEL", &shards]);
+    add_once(
+        &redis,
+        "2",
+        "an add on a prefix marked before counts were recorded",
+    )
+    .await;
+    assert_eq!(redis.cli(&["GET", &shards]), "4");
+}
+
+/// Starts a service on `redis` in the tests' 4 shards, adds item `id` under
+/// key k (`what` says what it is, should it fail), and stops the service.
+async fn add_once(redis: &RedisServer, id: &str, what: &str) {
     let service = Service::start(support::config(&redis.url(), "")).await;
     let mut client = service.client().await;
-    client
-        .add(add("k", "2", b"p"))
-        .await
-        .expect("an add on a prefix marked before counts were recorded");
-    assert_eq!(redis.cli(&["GET", &shards]), "4");
+    client.add(add("k", id, b"p")).await.expect(what);
     service.stop().await;
 }
