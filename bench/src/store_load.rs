@@ -31,7 +31,8 @@ use crate::procs::CpuMeter;
 const CALLERS: usize = 16;
 const PER_CALL: u64 = 100;
 const KEYS: u64 = 10_000;
-const SHARDS: u16 = 16;
+/// The shards of scenario 1's service, which `--spread all` mirrors.
+const SHARDS: u16 = crate::service::SHARDS;
 
 /// Which shards a call's items are of.
 #[derive(Clone, Copy, clap::ValueEnum)]

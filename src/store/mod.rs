@@ -320,40 +320,33 @@ impl Store {
 
     /// [`Store::check_format`], each time it is called.
     async fn read_format(&self) -> Result<()> {
+        let format = crate::scripts::FORMAT.to_string();
         let shards = self.keys.shards().to_string();
-        let (mut found, mut found_shards) = self.read_markers().await?;
-        if found.is_none() {
-            found = Some(if self.holds_unmarked_data().await? {
-                "1".into()
-            } else {
-                self.set_once(
-                    &self.keys.format_marker(),
-                    &crate::scripts::FORMAT.to_string(),
-                )
-                .await?
+        let (found, found_shards) = self.read_markers().await?;
+        let found = match found {
+            Some(found) => found,
+            None if self.holds_unmarked_data().await? => "1".into(),
+            None => self.set_once(&self.keys.format_marker(), &format).await?,
+        };
+        if found != format {
+            return Err(StoreError::WrongFormat {
+                found,
+                prefix: self.keys.prefix().to_owned(),
             });
         }
-        match found {
-            Some(found) if found != crate::scripts::FORMAT.to_string() => {
-                return Err(StoreError::WrongFormat {
-                    found,
-                    prefix: self.keys.prefix().to_owned(),
-                });
-            }
-            _ => {}
-        }
-        if found_shards.is_none() {
+        let found = match found_shards {
+            Some(found) => found,
             // A fresh prefix, or one marked before counts were recorded.
-            found_shards = Some(self.set_once(&self.keys.shards_marker(), &shards).await?);
-        }
-        match found_shards {
-            Some(found) if found != shards => Err(StoreError::WrongShards {
+            None => self.set_once(&self.keys.shards_marker(), &shards).await?,
+        };
+        if found != shards {
+            return Err(StoreError::WrongShards {
                 found,
                 configured: self.keys.shards(),
                 prefix: self.keys.prefix().to_owned(),
-            }),
-            _ => Ok(()),
+            });
         }
+        Ok(())
     }
 
     /// Sets `key` to `value` unless it is set, and returns what it holds
