@@ -154,9 +154,9 @@
 //!     details). Target: max RSS ≤ 2× the idle RSS + (shards ×
 //!     `max_queued_adds`) × 1 KiB, p99 ≤ 1 s (half the default deadline),
 //!     refusals present, no other errors.
-//! 11. **Every policy rule on.** Scenario 1's load runs four times, in the
-//!     order (a), (b), (b), (a), twice, each on a fresh service over an emptied
-//!     Redis: (a) under the plain policy (max_items 10, max_wait 1 h),
+//! 11. **Every policy rule on.** Scenario 1's load runs eight times, in the
+//!     order (a), (b), (b), (a), twice (quick: (a), (b)), each on a fresh
+//!     service over an emptied Redis: (a) under the plain policy (max_items 10, max_wait 1 h),
 //!     unchanged; (b) under the glob `pr-*` with every rule on: max_items
 //!     10, max_wait 1 h, max_idle 30 min, capacity 27 kg and 54 l, four
 //!     cutoffs a day in Europe/Berlin, deadline_lead 5 min, min_items 3 with
@@ -164,7 +164,7 @@
 //!     carries `measures` (weight_g 200–4800, volume_cm3 1000–9000, drawn
 //!     evenly, so about half the groups flush by CAPACITY and half by SIZE)
 //!     and one in ten a `deadline` 10 to 40 minutes ahead. Figure: Redis CPU
-//!     µs per added item of each (as row 1b), pooled over its four runs, the
+//!     µs per added item of each (as row 1b), pooled over its runs, the
 //!     ratio (b)/(a), and their mean items/s; the details give each run's
 //!     batches by reason (warm-up included). Target: ratio ≤ 1.3, and (b)
 //!     wrote CAPACITY batches (else the rules were not in force). Only with

@@ -72,7 +72,7 @@ pub const METHOD: &str = "\
   `max_queued_adds` × 1 KiB, p99 ≤ 1 s (half the default deadline), refusals present, no \
   other errors.
 - **11. Every policy rule on**: scenario 1's load eight times in the same run, in the order \
-  (a), (b), (b), (a), twice, each on a fresh service over an emptied Redis: (a) the plain policy \
+  (a), (b), (b), (a), twice (quick: (a), (b)), each on a fresh service over an emptied Redis: (a) the plain policy \
   (max_items 10, max_wait 1 h); (b) every rule on (`[keys.\"pr-*\"]` in the config below: max_items 10, max_wait 1 h, max_idle 30 min, \
   capacity 27 kg and 54 l, four cutoffs a day in Europe/Berlin, deadline_lead 5 min, \
   min_items 3, max_age 2 h), every item carrying a weight (200–4800 g) and a volume \
