@@ -68,8 +68,9 @@ pub const METHOD: &str = "\
   measures the items/s the service takes (capacity); then AddMany calls of 100 items are sent \
   open-loop at 2× that rate for the window, whatever the replies. Over calls completing in the \
   window: accepted items/s, the share refused RESOURCE_EXHAUSTED, accepted p50/p99, other \
-  errors; the service's VmRSS every 100 ms. Target: max RSS ≤ 2× idle RSS + shards × \
-  `max_queued_adds` × 1 KiB, p99 ≤ 1 s (half the default deadline), refusals present, no \
+  errors; the service's VmRSS every 100 ms from the open loop's start. Target: the RSS stops \
+  growing (its peak over the series' second half ≤ 1.2× its peak over the first; a queue \
+  without bound would grow it in step with time, towards 2×), p99 ≤ 1 s (half the default deadline), refusals present, no \
   other errors.
 - **11. Every policy rule on**: scenario 1's load eight times in the same run, in the order \
   (a), (b), (b), (a), twice (quick: (a), (b)), each on a fresh service over an emptied Redis: (a) the plain policy \

@@ -498,37 +498,34 @@ pub fn remembered(results: &mut Results, name: &str, r: &Remembered) {
 /// The overload target on accepted calls' p99, in ms: half the default
 /// per-call deadline, so accepted calls stay well clear of it.
 const OVERLOAD_P99_MS: f64 = 1000.0;
-/// Memory the RSS bound allows per queued item, in KiB: the decoded
-/// request, the queued item and its script arguments, generously.
-const OVERLOAD_KIB_PER_ITEM: u64 = 1;
+/// The overload target on the RSS: its peak over the window's second half
+/// at most this × its peak over the first half (see
+/// [`Overload::rss_growth`]).
+const OVERLOAD_MAX_RSS_GROWTH: f64 = 1.2;
 
-/// The overload row: accepted throughput and latency, refusals, peak RSS
-/// against its bound (2 × idle RSS + every shard's queue full at
-/// [`OVERLOAD_KIB_PER_ITEM`] per item), and the RSS series in the notes.
-pub fn overload(results: &mut Results, name: &str, r: &Overload, queued_items: u64) {
+/// The overload row: accepted throughput and latency, refusals, the RSS's
+/// peak and whether it stopped growing, and the RSS series in the notes.
+pub fn overload(results: &mut Results, name: &str, r: &Overload) {
     let (p50, p99) = (load::ms(&r.latency, 0.5), load::ms(&r.latency, 0.99));
     let accepted_per_sec = r.accepted_items as f64 / r.window.as_secs_f64();
-    let bound = r
-        .idle_rss_kib
-        .map(|idle| 2 * idle + queued_items * OVERLOAD_KIB_PER_ITEM);
-    let rss_ok = match (r.max_rss_kib(), bound) {
-        (Some(max), Some(bound)) => max <= bound,
-        // An external service: its RSS cannot be read.
-        _ => true,
-    };
+    let growth = r.rss_growth();
+    // An external service: its RSS cannot be read, and is not judged.
+    let rss_ok = growth.is_none_or(|g| g <= OVERLOAD_MAX_RSS_GROWTH);
     let pass = rss_ok && p99 <= OVERLOAD_P99_MS && r.refused_calls > 0 && r.other_errors == 0;
     results.rows.push(Row::new(
         name,
         format!(
             "{accepted_per_sec:.0} items/s accepted, {:.0}% of calls refused, p50 {p50:.1} ms, \
-             p99 {p99:.1} ms, max RSS {} (bound {}), {} other errors",
+             p99 {p99:.1} ms, max RSS {} ({} idle; second half's peak {} the first's), \
+             {} other errors",
             100.0 * r.refused_share(),
             r.max_rss_kib().map_or("n/a".into(), mib),
-            bound.map_or("n/a".into(), mib),
+            r.idle_rss_kib.map_or("n/a".into(), mib),
+            growth.map_or("n/a".into(), |g| format!("{g:.2}×")),
             r.other_errors
         ),
         format!(
-            "RSS ≤ 2× idle + queues × {OVERLOAD_KIB_PER_ITEM} KiB/item, \
+            "RSS stops growing (second half's peak ≤ {OVERLOAD_MAX_RSS_GROWTH}× the first's), \
              p99 ≤ {OVERLOAD_P99_MS:.0} ms, refusals > 0, no other errors"
         ),
         format!("{:.2}× capacity", ratio(accepted_per_sec, r.capacity)),

@@ -275,14 +275,12 @@ async fn run_overload(results: &mut Results, env: &mut Env, sizes: &Sizes, run: 
     if results.wants("10")
         && let Some(target) = results.setup(&name, env.fresh(true).await)
     {
-        let limits = &env.config.limits;
-        let queued = u64::from(env.config.redis.shards.get()) * limits.max_queued_adds.get() as u64;
         let future = overload::overload(&target, sizes, run);
         if let Some(r) = results
             .attempt(&name, Duration::from_secs(120), future)
             .await
         {
-            reports::overload(results, &name, &r, queued);
+            reports::overload(results, &name, &r);
         }
     }
 }
