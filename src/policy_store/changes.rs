@@ -3,7 +3,7 @@
 //! set checked by the rules a config file's tables get, and the field
 //! changes the history records.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde_json::{Map, Value, json};
 use tonic::Code;
@@ -145,9 +145,12 @@ pub(super) fn plan(base: &Config, copy: &Snapshot, changes: &[Change]) -> Result
         .map(|(name, doc)| (name.as_str(), doc.policy.clone()))
         .collect();
     let mut writes = Vec::with_capacity(changes.len());
+    // The names seen so far: an import of 100k areas checks each against
+    // the others in a hash lookup, not a scan of the writes before it.
+    let mut seen = HashSet::with_capacity(changes.len());
     for change in changes {
         check_name("policy.name", &change.name)?;
-        if writes.iter().any(|w: &PolicyWrite| w.name == change.name) {
+        if !seen.insert(change.name.as_str()) {
             return Err(invalid(
                 "policy.name",
                 format!("{} appears twice", change.name),
@@ -290,6 +293,23 @@ mod tests {
             err.to_string().starts_with("update_mask: \"max_item\""),
             "{err}"
         );
+    }
+
+    /// A change that names a policy an earlier change of the same call
+    /// named is refused, naming it, and distinct names make a write each.
+    #[test]
+    fn a_plan_refuses_a_name_given_twice() {
+        let empty = Snapshot {
+            revision: 0,
+            docs: Default::default(),
+        };
+        let set = |area: &str| Change::set(&format!("{KEYS}{area}"), policy(r#"{"max_items": 5}"#));
+        let base = Config::default();
+        let distinct = [set("10115"), set("10117"), set("2*")];
+        assert_eq!(plan(&base, &empty, &distinct).unwrap().writes.len(), 3);
+        let twice = [set("10115"), set("10117"), set("10115")];
+        let err = plan(&base, &empty, &twice).err().unwrap().to_string();
+        assert!(err.contains(&format!("{KEYS}10115 appears twice")), "{err}");
     }
 
     /// The history records each changed field with its old and new value.
