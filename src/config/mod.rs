@@ -513,4 +513,19 @@ impl Config {
         validate::policies(&config)?;
         Ok(config)
     }
+
+    /// The complete policy of one key table, `pattern`'s, over `defaults`
+    /// (over the built-in defaults), checked as [`Config::with_policies`]
+    /// checks each key table: what a change of that one table puts in a
+    /// table whose defaults stay (see [`Policies::with_changes`]).
+    pub fn key_policy(
+        &self,
+        defaults: &KeyPolicy,
+        pattern: &str,
+        table: &KeyPolicy,
+    ) -> Result<Policy, Violation> {
+        let defaults = defaults.over(&PolicyDefaults::default());
+        validate::key_policy(self, &defaults, pattern, table)?;
+        Ok(table.over(&defaults).policy())
+    }
 }

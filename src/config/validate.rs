@@ -276,31 +276,42 @@ pub(super) fn policies(c: &Config) -> Result<(), Violation> {
     };
     defaults.check(c, &["defaults"])?;
     merged(d, None, &["defaults"])?;
-    let max_key_bytes = c.limits.max_key_bytes.as_u64();
     for (pattern, table) in &c.keys {
-        ensure(!pattern.is_empty(), &["keys"], pattern, || {
-            "a key pattern must not be empty".to_owned()
-        })?;
-        let literal = pattern.bytes().filter(|&b| b != b'*').count() as u64;
-        ensure(literal <= max_key_bytes, &["keys"], pattern, || {
-            format!(
-                "can never match: it needs {literal} bytes of key but \
-                 keys are at most {max_key_bytes} bytes (limits.max_key_bytes)"
-            )
-        })?;
-        let fields = PolicyFields {
-            max_items: table.max_items,
-            max_wait: table.max_wait,
-            max_bytes: table.max_bytes,
-            max_idle: table.max_idle,
-            capacity: table.capacity.as_ref(),
-            deadline_lead: table.deadline_lead,
-            max_age: table.max_age,
-        };
-        fields.check(c, &["keys", pattern])?;
-        merged(&table.over(d), Some(table), &["keys", pattern])?;
+        key_policy(c, d, pattern, table)?;
     }
     Ok(())
+}
+
+/// The rules one key table (`pattern`'s) gets over the complete defaults
+/// `d`, against `c`'s `[limits]`.
+pub(super) fn key_policy(
+    c: &Config,
+    d: &PolicyDefaults,
+    pattern: &str,
+    table: &KeyPolicy,
+) -> Result<(), Violation> {
+    ensure(!pattern.is_empty(), &["keys"], pattern, || {
+        "a key pattern must not be empty".to_owned()
+    })?;
+    let max_key_bytes = c.limits.max_key_bytes.as_u64();
+    let literal = pattern.bytes().filter(|&b| b != b'*').count() as u64;
+    ensure(literal <= max_key_bytes, &["keys"], pattern, || {
+        format!(
+            "can never match: it needs {literal} bytes of key but \
+             keys are at most {max_key_bytes} bytes (limits.max_key_bytes)"
+        )
+    })?;
+    let fields = PolicyFields {
+        max_items: table.max_items,
+        max_wait: table.max_wait,
+        max_bytes: table.max_bytes,
+        max_idle: table.max_idle,
+        capacity: table.capacity.as_ref(),
+        deadline_lead: table.deadline_lead,
+        max_age: table.max_age,
+    };
+    fields.check(c, &["keys", pattern])?;
+    merged(&table.over(d), Some(table), &["keys", pattern])
 }
 
 /// The fields of one policy table that are set.

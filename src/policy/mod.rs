@@ -193,14 +193,52 @@ pub fn glob_matches(pattern: &str, key: &str) -> bool {
     }
 }
 
+/// Exact keys changed since a table's shared map was built, beyond which a
+/// change builds that map again: a change costs a clone of at most this
+/// many entries, and a map's rebuild is paid once per this many changes.
+const RECENT_MAX: usize = 256;
+
 /// The resolved policy table: the policy of every pattern, complete, so
 /// that [`Policies::resolve`] only looks things up.
+///
+/// A table follows a change of a few patterns in time proportional to them
+/// ([`Policies::with_changes`]), not to the table: the exact keys' map is
+/// shared between a table and the next, which looks its own recent changes
+/// up first, until they are [`RECENT_MAX`] and it builds a map of its own.
 #[derive(Clone, Debug)]
 pub struct Policies {
     defaults: Policy,
-    exact: HashMap<String, Policy>,
+    exact: Arc<HashMap<String, Policy>>,
+    /// Exact keys changed since `exact` was built (`None`: deleted).
+    recent: HashMap<String, Option<Policy>>,
     /// Longest pattern first, ties by pattern string order.
     globs: Vec<(Glob, Policy)>,
+}
+
+/// `policy` counting its keys' groups under `scope` when it has a
+/// `max_groups`: the defaults and each glob do; an exact key has at most
+/// one group, so its max_groups always holds.
+fn scoped(mut policy: Policy, scope: impl FnOnce() -> String) -> Policy {
+    if policy.max_groups > 0 {
+        policy.scope = Some(scope().into());
+    }
+    policy
+}
+
+/// A glob's entry in a table.
+fn glob_entry(pattern: &str, policy: Policy) -> (Glob, Policy) {
+    let policy = scoped(policy, || format!("k{pattern}"));
+    (Glob::new(pattern), policy)
+}
+
+/// Longest pattern first, ties by pattern string order.
+fn sort_globs(globs: &mut [(Glob, Policy)]) {
+    globs.sort_by(|(a, _), (b, _)| {
+        b.pattern
+            .len()
+            .cmp(&a.pattern.len())
+            .then_with(|| a.pattern.cmp(&b.pattern))
+    });
 }
 
 impl Policies {
@@ -209,34 +247,67 @@ impl Policies {
     pub fn new(defaults: Policy, patterns: impl IntoIterator<Item = (String, Policy)>) -> Policies {
         let mut exact = HashMap::new();
         let mut globs = Vec::new();
-        // The defaults and each glob count their keys' groups; an exact key
-        // has at most one group, so its max_groups always holds.
-        let scoped = |mut policy: Policy, scope: String| {
-            if policy.max_groups > 0 {
-                policy.scope = Some(scope.into());
-            }
-            policy
-        };
-        let defaults = scoped(defaults, "d".into());
         for (pattern, policy) in patterns {
             if pattern.contains('*') {
-                let policy = scoped(policy, format!("k{pattern}"));
-                globs.push((Glob::new(&pattern), policy));
+                globs.push(glob_entry(&pattern, policy));
             } else {
                 exact.insert(pattern, policy);
             }
         }
-        globs.sort_by(|(a, _), (b, _)| {
-            b.pattern
-                .len()
-                .cmp(&a.pattern.len())
-                .then_with(|| a.pattern.cmp(&b.pattern))
-        });
+        sort_globs(&mut globs);
         Policies {
-            defaults,
-            exact,
+            defaults: scoped(defaults, || "d".into()),
+            exact: Arc::new(exact),
+            recent: HashMap::new(),
             globs,
         }
+    }
+
+    /// This table with some patterns' complete policies changed (`None`:
+    /// the pattern is gone), the defaults' and every other pattern's kept:
+    /// what [`Policies::new`] would build from the patterns after the
+    /// change, in time proportional to the change and the globs.
+    pub fn with_changes(
+        &self,
+        changes: impl IntoIterator<Item = (String, Option<Policy>)>,
+    ) -> Policies {
+        let mut next = self.clone();
+        let mut globs_changed = false;
+        for (pattern, policy) in changes {
+            if pattern.contains('*') {
+                next.globs.retain(|(glob, _)| glob.pattern != pattern);
+                next.globs
+                    .extend(policy.map(|policy| glob_entry(&pattern, policy)));
+                globs_changed = true;
+            } else {
+                next.recent.insert(pattern, policy);
+            }
+        }
+        if globs_changed {
+            sort_globs(&mut next.globs);
+        }
+        if next.recent.len() > RECENT_MAX {
+            let mut exact = (*next.exact).clone();
+            for (pattern, policy) in next.recent.drain() {
+                match policy {
+                    Some(policy) => exact.insert(pattern, policy),
+                    None => exact.remove(&pattern),
+                };
+            }
+            next.exact = Arc::new(exact);
+        }
+        next
+    }
+
+    /// The exact pattern `key` and its policy, if the table has one.
+    fn exact_for(&self, key: &str) -> Option<(&str, &Policy)> {
+        if !self.recent.is_empty()
+            && let Some((pattern, policy)) = self.recent.get_key_value(key)
+        {
+            return policy.as_ref().map(|policy| (pattern.as_str(), policy));
+        }
+        let (pattern, policy) = self.exact.get_key_value(key)?;
+        Some((pattern.as_str(), policy))
     }
 
     /// The glob that decides `key`, when no exact pattern does.
@@ -248,7 +319,7 @@ impl Policies {
     /// shorter one (ties broken by pattern string order, so the result is
     /// deterministic); a key no pattern matches gets the defaults.
     pub fn resolve(&self, key: &str) -> Policy {
-        if let Some(policy) = self.exact.get(key) {
+        if let Some((_, policy)) = self.exact_for(key) {
             return policy.clone();
         }
         self.glob_for(key)
@@ -257,7 +328,7 @@ impl Policies {
 
     /// The pattern that decides `key`'s policy, or `None` for the defaults.
     pub fn matching_pattern(&self, key: &str) -> Option<&str> {
-        if let Some((pattern, _)) = self.exact.get_key_value(key) {
+        if let Some((pattern, _)) = self.exact_for(key) {
             return Some(pattern);
         }
         self.glob_for(key).map(|(glob, _)| glob.pattern.as_str())
@@ -270,7 +341,7 @@ impl Policies {
             let glob = self.globs.iter().find(|(g, _)| g.pattern == pattern);
             return glob.map(|(_, policy)| policy);
         }
-        self.exact.get(pattern)
+        self.exact_for(pattern).map(|(_, policy)| policy)
     }
 
     /// The policy of keys no pattern matches.
@@ -352,6 +423,53 @@ mod tests {
         assert_eq!(p.resolve("south"), policy(10));
         assert_eq!(p.matching_pattern("south"), None);
         assert_eq!(p.defaults(), policy(10));
+    }
+
+    /// A table changed pattern by pattern resolves every key as a table
+    /// built from the same patterns does: exact keys set, changed and
+    /// deleted (past the recent changes' rebuild of the shared map, and
+    /// a deleted key falling back to its glob), and globs added and gone.
+    #[test]
+    fn changes_resolve_as_a_table_built_whole() {
+        let mut patterns: BTreeMap<String, u32> = (0..500)
+            .map(|i| (format!("area-{i}"), 1 + i % 7))
+            .chain([("area-*".to_owned(), 40), ("*".to_owned(), 50)])
+            .collect();
+        let mut changed = Policies::new(
+            policy(10),
+            patterns.iter().map(|(p, &n)| (p.clone(), policy(n))),
+        );
+        let keys: Vec<String> = (0..600).map(|i| format!("area-{i}")).collect();
+        for step in 0..(2 * RECENT_MAX as u32) {
+            let pattern = match step % 11 {
+                0 => "area-1*".to_owned(),
+                1 => "area-*".to_owned(),
+                _ => format!("area-{}", (step * 37) % 600),
+            };
+            let policy_now = if step % 3 == 0 {
+                patterns.remove(&pattern);
+                None
+            } else {
+                patterns.insert(pattern.clone(), 100 + step);
+                Some(policy(100 + step))
+            };
+            changed = changed.with_changes([(pattern, policy_now)]);
+            if step % 50 == 0 || step == 2 * RECENT_MAX as u32 - 1 {
+                let whole = Policies::new(
+                    policy(10),
+                    patterns.iter().map(|(p, &n)| (p.clone(), policy(n))),
+                );
+                for key in &keys {
+                    assert_eq!(
+                        changed.resolve(key),
+                        whole.resolve(key),
+                        "{key}, step {step}"
+                    );
+                    assert_eq!(changed.matching_pattern(key), whole.matching_pattern(key));
+                }
+            }
+        }
+        assert!(changed.recent.len() <= RECENT_MAX);
     }
 
     /// A longer glob beats a shorter one, and equal lengths tie-break by

@@ -139,11 +139,6 @@ pub fn check_name(field: &str, name: &str) -> Result<(), Error> {
 /// policy to delete (NOT_FOUND), and a set of policies that breaks a rule
 /// of the config file's tables (INVALID_ARGUMENT, naming the field).
 pub(super) fn plan(base: &Config, copy: &Snapshot, changes: &[Change]) -> Result<Plan, Error> {
-    let mut docs: BTreeMap<&str, KeyPolicy> = copy
-        .docs
-        .iter()
-        .map(|(name, doc)| (name.as_str(), doc.policy.clone()))
-        .collect();
     let mut writes = Vec::with_capacity(changes.len());
     // The names seen so far: an import of 100k areas checks each against
     // the others in a hash lookup, not a scan of the writes before it.
@@ -167,21 +162,46 @@ pub(super) fn plan(base: &Config, copy: &Snapshot, changes: &[Change]) -> Result
         writes.push(PolicyWrite {
             name: change.name.clone(),
             fields: field_changes(old, new.as_ref()),
-            body: new.clone(),
+            body: new,
         });
-        match new {
-            Some(policy) => docs.insert(&change.name, policy),
-            None => docs.remove(change.name.as_str()),
+    }
+    check(base, copy, &writes)?;
+    Ok(Plan { writes })
+}
+
+/// Checks the policies `writes` leaves on `copy` by the rules a config
+/// file's tables get: each written key policy over the defaults, or, when
+/// the defaults change, every policy over the new ones.
+fn check(base: &Config, copy: &Snapshot, writes: &[PolicyWrite]) -> Result<(), Error> {
+    if !writes.iter().any(|w| w.name == DEFAULTS) {
+        let defaults = copy.defaults();
+        for write in writes {
+            if let (Some(pattern), Some(table)) = (write.name.strip_prefix(KEYS), &write.body) {
+                base.key_policy(&defaults, pattern, table)
+                    .map_err(|v| invalid_policy(&v))?;
+            }
+        }
+        return Ok(());
+    }
+    let mut docs: BTreeMap<&str, &KeyPolicy> = copy
+        .docs
+        .iter()
+        .map(|(name, doc)| (name.as_str(), &doc.policy))
+        .collect();
+    for write in writes {
+        match &write.body {
+            Some(policy) => docs.insert(&write.name, policy),
+            None => docs.remove(write.name.as_str()),
         };
     }
-    let defaults = docs.get(DEFAULTS).cloned().unwrap_or_default();
+    let defaults = docs.get(DEFAULTS).map(|d| (*d).clone()).unwrap_or_default();
     let patterns = docs
         .into_iter()
-        .filter_map(|(name, p)| Some((name.strip_prefix(KEYS)?.to_owned(), p)))
+        .filter_map(|(name, p)| Some((name.strip_prefix(KEYS)?.to_owned(), p.clone())))
         .collect();
     base.with_policies(&defaults, patterns)
         .map_err(|v| invalid_policy(&v))?;
-    Ok(Plan { writes })
+    Ok(())
 }
 
 /// NOT_FOUND for a policy that does not exist.

@@ -26,7 +26,7 @@ mod retime;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Mutex;
@@ -47,6 +47,17 @@ pub const KEYS: &str = "keys/";
 /// How many history entries one read replays.
 const REPLAY_CHUNK: usize = 1000;
 
+/// `in_force` before any revision's policies are: the handle holds the
+/// config file's.
+const NONE_IN_FORCE: u64 = u64::MAX;
+
+/// What a catch-up moved in the copy: from revision `from`, the documents
+/// `docs` names, each with what it was at `from` (`None`: absent).
+struct Moved {
+    from: u64,
+    docs: BTreeMap<String, Option<StoredPolicy>>,
+}
+
 /// The policy store and this instance's copy of it; cheap to clone.
 #[derive(Clone)]
 pub struct PolicyStore {
@@ -61,6 +72,10 @@ struct Inner {
     handle: PolicyHandle,
     /// Whether the store was loaded and its policies put in force.
     loaded: AtomicBool,
+    /// The revision whose policies the handle holds (`NONE_IN_FORCE`
+    /// before the first): a change is put in force on top of the table
+    /// only when that table is the revision before it.
+    in_force: AtomicU64,
     /// Who the history names for the seeding from the config file.
     seeder: String,
     /// This instance's copy, behind a lock that changes made here and the
@@ -110,6 +125,7 @@ impl PolicyStore {
                 handle,
                 copy: Mutex::new(Snapshot::default()),
                 loaded: AtomicBool::new(false),
+                in_force: AtomicU64::new(NONE_IN_FORCE),
                 seeder: who.to_owned(),
             }),
         }
@@ -205,9 +221,8 @@ impl PolicyStore {
     /// in force; returns the revision in force.
     pub async fn refresh(&self) -> Result<u64, Error> {
         let mut copy = self.inner.copy.lock().await;
-        let before = copy.clone();
-        if self.catch_up(&mut copy).await?
-            && let Some(follow) = self.apply(&before, &copy)?
+        if let Some(moved) = self.catch_up(&mut copy).await?
+            && let Some(follow) = self.apply(&moved, &copy)?
         {
             tokio::spawn(follow);
         }
@@ -268,9 +283,8 @@ impl PolicyStore {
         // Another instance may write between our read and our write; the
         // script then refuses ours, and we compute it again on the new state.
         for _ in 0..8 {
-            let before = copy.clone();
-            if self.catch_up(&mut copy).await?
-                && let Some(follow) = self.apply(&before, &copy)?
+            if let Some(moved) = self.catch_up(&mut copy).await?
+                && let Some(follow) = self.apply(&moved, &copy)?
             {
                 tokio::spawn(follow);
             }
@@ -280,9 +294,10 @@ impl PolicyStore {
             let plan = changes::plan(&self.inner.base, &copy, &changes)?;
             let written = self.write(&copy, &plan, who, reason).await?;
             if let crate::store::Written::At { revision, .. } = written {
-                let before = copy.clone();
-                self.catch_up(&mut copy).await?;
-                let follow = self.apply(&before, &copy)?;
+                let follow = match self.catch_up(&mut copy).await? {
+                    Some(moved) => self.apply(&moved, &copy)?,
+                    None => None,
+                };
                 let changed = plan.changed(revision, &copy);
                 drop(copy);
                 // The groups follow before the call returns, here.
@@ -341,22 +356,49 @@ impl PolicyStore {
             .await?)
     }
 
-    /// Brings `copy` up to the store's revision; says whether it changed.
-    async fn catch_up(&self, copy: &mut Snapshot) -> Result<bool, Error> {
+    /// Brings `copy` up to the store's revision; says what moved, if
+    /// anything did.
+    async fn catch_up(&self, copy: &mut Snapshot) -> Result<Option<Moved>, Error> {
         let store = &self.inner.store;
         let revision = store.policy_revision().await?;
         if revision == copy.revision {
-            return Ok(false);
+            return Ok(None);
         }
-        if revision < copy.revision || !self.replay(copy).await? {
-            self.load(copy).await?;
+        let from = copy.revision;
+        let mut docs = BTreeMap::new();
+        if revision > from && self.replay(copy, &mut docs).await? {
+            return Ok(Some(Moved { from, docs }));
         }
-        Ok(true)
+        // Loaded again: what moved is every document that differs from
+        // before (or from before the replay, for those it changed).
+        let before = Arc::clone(&copy.docs);
+        self.load(copy).await?;
+        for (name, doc) in before.iter() {
+            if copy
+                .docs
+                .get(name)
+                .is_none_or(|now| now.revision != doc.revision)
+            {
+                docs.entry(name.clone())
+                    .or_insert_with(|| Some(doc.clone()));
+            }
+        }
+        for name in copy.docs.keys() {
+            if !before.contains_key(name) {
+                docs.entry(name.clone()).or_insert(None);
+            }
+        }
+        Ok(Some(Moved { from, docs }))
     }
 
-    /// Replays the history after `copy.revision` onto `copy`; false when it
-    /// cannot (the history no longer reaches back, or holds a bulk change).
-    async fn replay(&self, copy: &mut Snapshot) -> Result<bool, Error> {
+    /// Replays the history after `copy.revision` onto `copy`, recording in
+    /// `was` what each document it changes was before; false when it cannot
+    /// (the history no longer reaches back, or holds a bulk change).
+    async fn replay(
+        &self,
+        copy: &mut Snapshot,
+        was: &mut BTreeMap<String, Option<StoredPolicy>>,
+    ) -> Result<bool, Error> {
         loop {
             let page = self
                 .inner
@@ -369,10 +411,11 @@ impl PolicyStore {
                 }
                 let docs = Arc::make_mut(&mut copy.docs);
                 for change in &rev.changes {
-                    match &change.doc {
+                    let old = match &change.doc {
                         Some(doc) => docs.insert(change.name.clone(), doc.clone()),
                         None => docs.remove(&change.name),
                     };
+                    was.entry(change.name.clone()).or_insert(old);
                 }
                 copy.revision = rev.revision;
             }
@@ -390,27 +433,91 @@ impl PolicyStore {
         for _ in 0..8 {
             copy.revision = store.policy_revision().await?;
             copy.docs = Arc::new(store.policy_docs().await?.into_iter().collect());
-            if self.replay(copy).await? {
+            if self.replay(copy, &mut BTreeMap::new()).await? {
                 return Ok(());
             }
         }
         Err(changes::store_moved(copy.revision))
     }
 
-    /// Puts `copy` in force (it was `before`), and returns the work that
-    /// brings open groups under it when it may shorten a `max_wait`.
+    /// Puts `copy` in force (`moved` says what changed in it), and returns
+    /// the work that brings open groups under it when it may shorten a
+    /// `max_wait`.
     fn apply(
         &self,
-        before: &Snapshot,
+        moved: &Moved,
         copy: &Snapshot,
     ) -> Result<Option<impl Future<Output = ()> + use<>>, Error> {
         let old = self.inner.handle.current();
-        self.put_in_force(copy)?;
+        let Moved { from, docs } = moved;
+        // When the table in force is the revision before and the defaults
+        // stay, only the changed patterns need putting in force.
+        let in_force = self.inner.in_force.load(Ordering::Acquire);
+        if in_force == *from && !docs.contains_key(DEFAULTS) {
+            self.put_changes_in_force(copy, docs.keys())?;
+        } else {
+            self.put_in_force(copy)?;
+        }
         let new = self.inner.handle.current();
-        if !retime::may_shorten(&before.docs, &copy.docs, &old, &new) {
+        let pairs = docs
+            .iter()
+            .map(|(name, was)| (name.as_str(), was.as_ref(), copy.docs.get(name)));
+        // A table in force older than the revision before (one in between
+        // broke this instance's [limits]) may differ in any key.
+        let older = in_force != *from && in_force != NONE_IN_FORCE;
+        let shorten = older || retime::may_shorten(pairs, &old, &new);
+        if !shorten {
             return Ok(None);
         }
         Ok(Some(retime::follow(self.inner.store.clone(), old, new)))
+    }
+
+    /// Puts the documents `names` (key patterns; never the defaults) of
+    /// `copy` in force on top of the table in force, which is the revision
+    /// before them: in time proportional to them, not to the table.
+    fn put_changes_in_force<'a>(
+        &self,
+        copy: &Snapshot,
+        names: impl Iterator<Item = &'a String>,
+    ) -> Result<(), Error> {
+        let defaults = copy.defaults();
+        let mut changes = Vec::new();
+        for name in names {
+            let Some(pattern) = name.strip_prefix(KEYS) else {
+                continue;
+            };
+            let policy = match copy.docs.get(name) {
+                Some(doc) => Some(
+                    self.inner
+                        .base
+                        .key_policy(&defaults, pattern, &doc.policy)
+                        .map_err(|violation| self.breaks_limits(copy, &violation))?,
+                ),
+                None => None,
+            };
+            changes.push((pattern.to_owned(), policy));
+        }
+        let policies = self.inner.handle.current().with_changes(changes);
+        self.inner.handle.replace(policies);
+        self.in_force(copy);
+        Ok(())
+    }
+
+    /// Logs that `copy`'s revision breaks this instance's `[limits]`, and
+    /// returns the error.
+    fn breaks_limits(&self, copy: &Snapshot, violation: &crate::config::Violation) -> Error {
+        tracing::error!(
+            revision = copy.revision,
+            %violation,
+            "the policy store's revision breaks this instance's [limits]; keeping the policies in force"
+        );
+        changes::invalid_policy(violation)
+    }
+
+    /// Records that `copy`'s revision is in force.
+    fn in_force(&self, copy: &Snapshot) {
+        self.inner.in_force.store(copy.revision, Ordering::Release);
+        tracing::debug!(revision = copy.revision, "policies in force");
     }
 
     /// Swaps `copy`'s policies in for the add path, whole.
@@ -419,17 +526,10 @@ impl PolicyStore {
             .inner
             .base
             .with_policies(&copy.defaults(), copy.patterns())
-            .map_err(|violation| {
-                tracing::error!(
-                    revision = copy.revision,
-                    %violation,
-                    "the policy store's revision breaks this instance's [limits]; keeping the policies in force"
-                );
-                changes::invalid_policy(&violation)
-            })?;
+            .map_err(|violation| self.breaks_limits(copy, &violation))?;
         let policies: Policies = config.policies();
         self.inner.handle.replace(policies);
-        tracing::debug!(revision = copy.revision, "policies in force");
+        self.in_force(copy);
         Ok(())
     }
 }

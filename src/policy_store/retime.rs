@@ -10,44 +10,34 @@
 //! idempotent, and a change stays followed when the instance that made it
 //! stops right after.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{DEFAULTS, KEYS};
+use super::KEYS;
 use crate::policy::Policies;
 use crate::store::{Store, StoredPolicy};
 
-/// Whether a change from `before` to `after` can shorten some key's
-/// `max_wait`: the defaults' or a changed pattern's window is shorter, or a
-/// pattern came or went (which moves keys between policies).
-pub(super) fn may_shorten(
-    before: &BTreeMap<String, StoredPolicy>,
-    after: &BTreeMap<String, StoredPolicy>,
+/// Whether a change can shorten some key's `max_wait`, given each changed
+/// document before and after it (`None`: absent) and the tables before
+/// (`old`) and after (`new`): the defaults' window is shorter, or a changed
+/// pattern's, or a pattern came or went (which moves keys between
+/// policies).
+pub(super) fn may_shorten<'a>(
+    changed: impl IntoIterator<Item = (&'a str, Option<&'a StoredPolicy>, Option<&'a StoredPolicy>)>,
     old: &Policies,
     new: &Policies,
 ) -> bool {
     if new.defaults().max_wait < old.defaults().max_wait {
         return true;
     }
-    let changed = |name: &String, doc: &StoredPolicy, other: &BTreeMap<_, StoredPolicy>| {
-        name != DEFAULTS && other.get(name).is_none_or(|o| o.revision != doc.revision)
-    };
-    let names = after
-        .iter()
-        .filter(|(name, doc)| changed(name, doc, before))
-        .chain(
-            before
-                .iter()
-                .filter(|(name, doc)| changed(name, doc, after)),
-        )
-        .map(|(name, _)| name);
-    for name in names {
+    for (name, was, now) in changed {
         let Some(pattern) = name.strip_prefix(KEYS) else {
             continue;
         };
-        let (was, now) = (before.get(name), after.get(name));
-        if was.is_none() || now.is_none() {
-            return true;
+        match (was, now) {
+            (Some(was), Some(now)) if was.revision == now.revision => continue,
+            (Some(_), Some(_)) => {}
+            (None, None) => continue,
+            _ => return true,
         }
         // An exact key resolves to its own policy; a glob's keys may
         // resolve elsewhere, but its own window tells whether it shrank.

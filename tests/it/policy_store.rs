@@ -293,6 +293,85 @@ async fn open_groups_follow_a_shorter_max_wait_not_a_longer_one() {
     service.stop().await;
 }
 
+/// Changes of single key policies, each put in force on its own, leave
+/// every other key's policy as it was, on the instance that made them and
+/// on one that replays them; a key's shorter max_wait moves its open group
+/// before the call returns, and a deleted key falls back to its glob.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_changes_move_only_their_keys_on_every_instance() {
+    let redis = RedisServer::start();
+    let text = store_on(
+        "[keys.\"dock-*\"]\nmax_items = 30\n\
+         [keys.\"dock-1\"]\nmax_items = 10\nmax_wait = \"10m\"\n\
+         [keys.\"dock-2\"]\nmax_items = 20\n",
+    );
+    let config = crate::support::config(&redis.url(), &text);
+    let (a, b) = (
+        Service::start(config.clone()).await,
+        Service::start(config).await,
+    );
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    for client in [&mut ca, &mut cb] {
+        let ready = eventually("the store to load", || {
+            let mut c = client.clone();
+            async move { c.add(add("dock-1", "a", b"")).await.ok() }
+        });
+        ready.await;
+    }
+    let due_after_open = |client: &Client| {
+        let mut c = client.clone();
+        async move {
+            let req = pb::GetGroupRequest {
+                key: "dock-1".into(),
+            };
+            let g = c.get_group(req).await.unwrap().into_inner().group.unwrap();
+            let ms = |t: Option<prost_types::Timestamp>| {
+                let t = t.unwrap();
+                t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
+            };
+            ms(g.due_at) - ms(g.opened_at)
+        }
+    };
+    assert_eq!(due_after_open(&ca).await, 600_000);
+
+    let shorter = pb::Policy {
+        max_wait: secs(300),
+        ..Default::default()
+    };
+    let req = update("keys/dock-1", shorter, &["max_wait"], "");
+    let changed = ca.update_policy(req).await.unwrap().into_inner();
+    // In force on `a` when the call returns, its group moved with it.
+    assert_eq!(due_after_open(&ca).await, 300_000);
+    // `b` replays it: its view of the store reaches the revision.
+    let replayed = eventually("the change on the other instance", || {
+        let mut c = cb.clone();
+        let want = changed.revision;
+        async move { (get(&mut c, "keys/dock-1").await.revision == want).then_some(()) }
+    });
+    replayed.await;
+    for client in [&mut ca, &mut cb] {
+        assert_eq!(max_items_in_force(client, "dock-1").await, 10);
+        assert_eq!(max_items_in_force(client, "dock-2").await, 20);
+        assert_eq!(max_items_in_force(client, "dock-3").await, 30);
+    }
+
+    let delete = pb::DeletePolicyRequest {
+        name: "policies/keys/dock-2".into(),
+        ..Default::default()
+    };
+    ca.delete_policy(delete).await.unwrap();
+    for client in [&mut ca, &mut cb] {
+        let fell_back = eventually("dock-2 under its glob", || {
+            let mut c = client.clone();
+            async move { (max_items_in_force(&mut c, "dock-2").await == 30).then_some(()) }
+        });
+        fell_back.await;
+        assert_eq!(max_items_in_force(client, "dock-1").await, 10);
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
 /// Lowering max_items below an open group's size cuts the group at its
 /// next add, into batches of the new max_items.
 #[tokio::test]
