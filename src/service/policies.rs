@@ -83,7 +83,7 @@ fn duration_pb(d: Option<Duration>) -> Option<prost_types::Duration> {
 }
 
 /// A policy's fields from the wire (the checks between fields come later,
-/// on the whole set).
+/// when the change is planned over the defaults).
 pub(super) fn key_policy(p: &pb::Policy) -> Result<KeyPolicy, Error> {
     let max_items = p
         .max_items
