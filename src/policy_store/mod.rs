@@ -12,9 +12,11 @@
 //! Each instance keeps every document in memory. A task checks the store's
 //! revision every `[policy_store] check_every` and replays the revisions it
 //! has not seen from the history (or loads every document again when the
-//! history no longer reaches back, or holds a bulk change), then swaps the
-//! whole policy table in at once: an add is judged by one revision, never
-//! part of one. A change made here is in force here before its call
+//! history no longer reaches back, or holds a bulk change), then swaps in
+//! the new revision's table at once: an add is judged by one revision,
+//! never part of one. That table is made from the one in force and the
+//! documents that changed, so a change costs each instance time in
+//! proportion to it, not to the store (a change of the defaults rebuilds it). A change made here is in force here before its call
 //! returns, and everywhere within `check_every` plus one read.
 //!
 //! `changes` holds the change logic (update masks, etags, the checks a file's
