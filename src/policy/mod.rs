@@ -6,8 +6,9 @@
 //! [`Policies::resolve`] only looks things up on the hot path; a change of
 //! a few patterns makes the next table from it, sharing the rest
 //! ([`Policies::with_changes`]). A [`PolicyHandle`] shares the table
-//! between tasks and swaps it whole on reload, without locking. `config` builds the table from the file's
-//! `[defaults]` and `[keys."..."]` tables; nothing here reads a file.
+//! between tasks and swaps it whole on reload, without locking. `config`
+//! builds the table from the file's `[defaults]` and `[keys."..."]` tables;
+//! nothing here reads a file.
 
 mod cutoff;
 
