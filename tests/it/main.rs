@@ -33,6 +33,7 @@ mod overload;
 mod paging;
 mod partition;
 mod policies;
+mod policy_follow;
 mod policy_roles;
 mod policy_scripts;
 mod policy_store;

@@ -1,8 +1,9 @@
 //! Policies as shared live data ([policy_store]): a change made through one
 //! instance is in force on every instance within the bound, on one Redis and
 //! on a cluster; etags refuse stale changes; bad policies are refused whole;
-//! open groups follow a change; the history says who changed what and why;
-//! the file seeds an empty store once (roles and key scopes: policy_roles.rs).
+//! the history says who changed what and why; the file seeds an empty store
+//! once (roles and key scopes: policy_roles.rs; open groups and other keys
+//! under a change: policy_follow.rs).
 
 use std::time::{Duration, Instant};
 
@@ -13,19 +14,17 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::support::cluster::{self, shared};
-use crate::support::{
-    RedisServer, Service, add, assert_error_info, assert_invalid, eventually, next_batch,
-};
+use crate::support::{RedisServer, Service, add, assert_error_info, assert_invalid, eventually};
 
 /// The store on, checked every 100 ms, with `policies` as the file's tables.
 pub(crate) fn store_on(policies: &str) -> String {
     format!("{policies}\n[policy_store]\nenabled = true\ncheck_every = \"100ms\"\n")
 }
 
-type Client = BatcherClient<Channel>;
+pub(crate) type Client = BatcherClient<Channel>;
 
 /// The policy named `name` (`defaults` or `keys/<pattern>`).
-async fn get(client: &mut Client, name: &str) -> pb::Policy {
+pub(crate) async fn get(client: &mut Client, name: &str) -> pb::Policy {
     let name = format!("policies/{name}");
     let req = pb::GetPolicyRequest { name };
     client.get_policy(req).await.unwrap().into_inner()
@@ -51,7 +50,7 @@ pub(crate) fn update(
     }
 }
 
-fn secs(s: u64) -> Option<prost_types::Duration> {
+pub(crate) fn secs(s: u64) -> Option<prost_types::Duration> {
     Some(prost_types::Duration {
         seconds: s as i64,
         nanos: 0,
@@ -60,7 +59,7 @@ fn secs(s: u64) -> Option<prost_types::Duration> {
 
 /// The max_items an instance applies to `key` now: GetGroup of an open
 /// group shows the policy in force (an item is added if none is open).
-async fn max_items_in_force(client: &mut Client, key: &str) -> u32 {
+pub(crate) async fn max_items_in_force(client: &mut Client, key: &str) -> u32 {
     let req = pb::GetGroupRequest { key: key.into() };
     let open = client.get_group(req.clone()).await.unwrap().into_inner();
     if let Some(group) = open.group {
@@ -147,7 +146,7 @@ async fn on_a_cluster_a_change_reaches_three_instances() {
 }
 
 /// One instance over a fresh Redis with the store on.
-async fn one(policies: &str) -> (RedisServer, Service, Client) {
+pub(crate) async fn one(policies: &str) -> (RedisServer, Service, Client) {
     let redis = RedisServer::start();
     let config = crate::support::config(&redis.url(), &store_on(policies));
     let service = Service::start(config).await;
@@ -218,190 +217,6 @@ async fn a_bad_policy_is_refused_naming_the_field() {
         .into_inner();
     assert_eq!(after.revision, before.revision);
     assert_eq!(after.policies, before.policies);
-    service.stop().await;
-}
-
-/// A shorter max_wait moves an open group's due time to its opening plus
-/// the new window, and the group flushes then; a longer one leaves open
-/// groups as they are and applies to groups opened after it.
-#[tokio::test]
-async fn open_groups_follow_a_shorter_max_wait_not_a_longer_one() {
-    let (_redis, service, mut client) = one("[defaults]\nmax_wait = \"10m\"\n").await;
-    let mut live = client
-        .subscribe(pb::SubscribeRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    client.add(add("dock-1", "a", b"")).await.unwrap();
-    let group = |key: &str| pb::GetGroupRequest { key: key.into() };
-    let open = client
-        .get_group(group("dock-1"))
-        .await
-        .unwrap()
-        .into_inner();
-    let open = open.group.unwrap();
-    let ms = |t: &Option<prost_types::Timestamp>| {
-        let t = t.unwrap();
-        t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
-    };
-    assert_eq!(ms(&open.due_at) - ms(&open.opened_at), 600_000);
-
-    let shorter = pb::Policy {
-        max_wait: secs(2),
-        ..Default::default()
-    };
-    client
-        .update_policy(update("defaults", shorter, &["max_wait"], ""))
-        .await
-        .unwrap();
-    // In force when the call returns: the group is due 2 s after it opened.
-    let moved = client
-        .get_group(group("dock-1"))
-        .await
-        .unwrap()
-        .into_inner();
-    let moved = moved.group.unwrap();
-    assert_eq!(ms(&moved.due_at) - ms(&moved.opened_at), 2_000);
-    let batch = next_batch(&mut live).await;
-    assert_eq!(batch.key, "dock-1");
-    assert_eq!(batch.reason, pb::FlushReason::Timeout as i32);
-
-    client.add(add("dock-2", "b", b"")).await.unwrap();
-    let longer = pb::Policy {
-        max_wait: secs(3600),
-        ..Default::default()
-    };
-    client
-        .update_policy(update("defaults", longer, &["max_wait"], ""))
-        .await
-        .unwrap();
-    let kept = client
-        .get_group(group("dock-2"))
-        .await
-        .unwrap()
-        .into_inner();
-    let kept = kept.group.unwrap();
-    assert_eq!(ms(&kept.due_at) - ms(&kept.opened_at), 2_000);
-    client.add(add("dock-3", "c", b"")).await.unwrap();
-    let new = client
-        .get_group(group("dock-3"))
-        .await
-        .unwrap()
-        .into_inner();
-    let new = new.group.unwrap();
-    assert_eq!(ms(&new.due_at) - ms(&new.opened_at), 3_600_000);
-    service.stop().await;
-}
-
-/// Changes of single key policies, each put in force on its own, leave
-/// every other key's policy as it was, on the instance that made them and
-/// on one that replays them; a key's shorter max_wait moves its open group
-/// before the call returns, and a deleted key falls back to its glob.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_changes_move_only_their_keys_on_every_instance() {
-    let redis = RedisServer::start();
-    let text = store_on(
-        "[keys.\"dock-*\"]\nmax_items = 30\n\
-         [keys.\"dock-1\"]\nmax_items = 10\nmax_wait = \"10m\"\n\
-         [keys.\"dock-2\"]\nmax_items = 20\n",
-    );
-    let config = crate::support::config(&redis.url(), &text);
-    let (a, b) = (
-        Service::start(config.clone()).await,
-        Service::start(config).await,
-    );
-    let (mut ca, mut cb) = (a.client().await, b.client().await);
-    for client in [&mut ca, &mut cb] {
-        let ready = eventually("the store to load", || {
-            let mut c = client.clone();
-            async move { c.add(add("dock-1", "a", b"")).await.ok() }
-        });
-        ready.await;
-    }
-    let due_after_open = |client: &Client| {
-        let mut c = client.clone();
-        async move {
-            let req = pb::GetGroupRequest {
-                key: "dock-1".into(),
-            };
-            let g = c.get_group(req).await.unwrap().into_inner().group.unwrap();
-            let ms = |t: Option<prost_types::Timestamp>| {
-                let t = t.unwrap();
-                t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
-            };
-            ms(g.due_at) - ms(g.opened_at)
-        }
-    };
-    assert_eq!(due_after_open(&ca).await, 600_000);
-
-    let shorter = pb::Policy {
-        max_wait: secs(300),
-        ..Default::default()
-    };
-    let req = update("keys/dock-1", shorter, &["max_wait"], "");
-    let changed = ca.update_policy(req).await.unwrap().into_inner();
-    // In force on `a` when the call returns, its group moved with it.
-    assert_eq!(due_after_open(&ca).await, 300_000);
-    // `b` replays it: its view of the store reaches the revision.
-    let replayed = eventually("the change on the other instance", || {
-        let mut c = cb.clone();
-        let want = changed.revision;
-        async move { (get(&mut c, "keys/dock-1").await.revision == want).then_some(()) }
-    });
-    replayed.await;
-    for client in [&mut ca, &mut cb] {
-        assert_eq!(max_items_in_force(client, "dock-1").await, 10);
-        assert_eq!(max_items_in_force(client, "dock-2").await, 20);
-        assert_eq!(max_items_in_force(client, "dock-3").await, 30);
-    }
-
-    let delete = pb::DeletePolicyRequest {
-        name: "policies/keys/dock-2".into(),
-        ..Default::default()
-    };
-    ca.delete_policy(delete).await.unwrap();
-    for client in [&mut ca, &mut cb] {
-        let fell_back = eventually("dock-2 under its glob", || {
-            let mut c = client.clone();
-            async move { (max_items_in_force(&mut c, "dock-2").await == 30).then_some(()) }
-        });
-        fell_back.await;
-        assert_eq!(max_items_in_force(client, "dock-1").await, 10);
-    }
-    a.stop().await;
-    b.stop().await;
-}
-
-/// Lowering max_items below an open group's size cuts the group at its
-/// next add, into batches of the new max_items.
-#[tokio::test]
-async fn lowering_max_items_cuts_an_open_group_at_its_next_add() {
-    let (_redis, service, mut client) = one("[defaults]\nmax_items = 10\n").await;
-    for id in ["a", "b", "c", "d", "e"] {
-        client.add(add("dock", id, b"")).await.unwrap();
-    }
-    let lower = pb::Policy {
-        max_items: Some(2),
-        ..Default::default()
-    };
-    client
-        .update_policy(update("defaults", lower, &["max_items"], ""))
-        .await
-        .unwrap();
-    let resp = client
-        .add(add("dock", "f", b""))
-        .await
-        .unwrap()
-        .into_inner();
-    let sizes: Vec<usize> = resp.batches.iter().map(|b| b.items.len()).collect();
-    assert_eq!(sizes, [2, 2, 2]);
-    let reasons = resp.batches.iter().map(|b| b.reason);
-    assert!(
-        reasons
-            .into_iter()
-            .all(|r| r == pb::FlushReason::Size as i32)
-    );
-    assert_eq!(resp.group_size, 0);
     service.stop().await;
 }
 
