@@ -260,7 +260,7 @@ fn resolution(
     for i in 0..CHANGED_AREAS.min(areas) {
         let name = area(i * (areas / CHANGED_AREAS).max(1));
         let policy = config
-            .key_policy(&KeyPolicy::complete(&config.defaults), &name, &table(i + 1))
+            .key_policy(&config.defaults, &name, &table(i + 1))
             .map_err(|v| v.to_string())?;
         big = big.with_changes([(name, Some(policy))]);
     }

@@ -514,18 +514,18 @@ impl Config {
         Ok(config)
     }
 
-    /// The complete policy of one key table, `pattern`'s, over `defaults`
-    /// (over the built-in defaults), checked as [`Config::with_policies`]
+    /// The complete policy of one key table, `pattern`'s, over the complete
+    /// `defaults` (a defaults table over the built-in ones, as
+    /// [`Config::with_policies`] takes it), checked as `with_policies`
     /// checks each key table: what a change of that one table puts in a
     /// table whose defaults stay (see [`Policies::with_changes`]).
     pub fn key_policy(
         &self,
-        defaults: &KeyPolicy,
+        defaults: &PolicyDefaults,
         pattern: &str,
         table: &KeyPolicy,
     ) -> Result<Policy, Violation> {
-        let defaults = defaults.over(&PolicyDefaults::default());
-        validate::key_policy(self, &defaults, pattern, table)?;
-        Ok(table.over(&defaults).policy())
+        validate::key_policy(self, defaults, pattern, table)?;
+        Ok(table.over(defaults).policy())
     }
 }

@@ -174,7 +174,7 @@ pub(super) fn plan(base: &Config, copy: &Snapshot, changes: &[Change]) -> Result
 /// the defaults change, every policy over the new ones.
 fn check(base: &Config, copy: &Snapshot, writes: &[PolicyWrite]) -> Result<(), Error> {
     if !writes.iter().any(|w| w.name == DEFAULTS) {
-        let defaults = copy.defaults();
+        let defaults = copy.complete_defaults();
         for write in writes {
             if let (Some(pattern), Some(table)) = (write.name.strip_prefix(KEYS), &write.body) {
                 base.key_policy(&defaults, pattern, table)

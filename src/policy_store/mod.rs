@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 pub use self::changes::{Action, Change, Changed, FIELDS, check_name, not_found};
-use crate::config::{Config, KeyPolicy};
+use crate::config::{Config, KeyPolicy, PolicyDefaults};
 use crate::error::Error;
 use crate::policy::{Policies, PolicyHandle};
 use crate::store::{BULK_CHANGE, Revision, Store, StoredPolicy};
@@ -102,6 +102,11 @@ impl Snapshot {
             .get(DEFAULTS)
             .map(|d| d.policy.clone())
             .unwrap_or_default()
+    }
+
+    /// The defaults complete: their fields over the built-in defaults.
+    fn complete_defaults(&self) -> PolicyDefaults {
+        self.defaults().over(&PolicyDefaults::default())
     }
 
     /// Every key pattern's fields, by pattern.
@@ -482,7 +487,7 @@ impl PolicyStore {
         copy: &Snapshot,
         names: impl Iterator<Item = &'a String>,
     ) -> Result<(), Error> {
-        let defaults = copy.defaults();
+        let defaults = copy.complete_defaults();
         let mut changes = Vec::new();
         for name in names {
             let Some(pattern) = name.strip_prefix(KEYS) else {
