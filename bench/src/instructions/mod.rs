@@ -135,6 +135,11 @@
 //! `DIR/<redis pid>.<dump number>`, for `callgrind_annotate --inclusive=yes`
 //! to say where a shape's instructions go (the second dump of a Redis is
 //! its shape; its `totals:` line matches the table's count).
+//! `BATCHER_CALLGRIND_ARGS` adds options to callgrind's, e.g.
+//! `"--cache-sim=yes --LL=524288,8,64"` to count, beside the instructions,
+//! the misses of a simulated cache the size of this machine's L2 per core
+//! (`callgrind_annotate --show=Ir,DLmr,DLmw --sort=DLmr` on a kept dump):
+//! the table still gives instructions alone.
 //!
 //! Layout: this file (the options, and the run: measure every shape, compare,
 //! check or write), `shapes.rs` (the shapes, their seeded items and their

@@ -53,10 +53,13 @@ impl Profiled {
         // The launcher runs `<binary> --port … --dir … <config>`: a wrapper
         // puts valgrind in front, and execs, so the pid the launcher checks
         // (INFO's process_id) and signals is valgrind's, which is Redis's.
+        // `BATCHER_CALLGRIND_ARGS`, when set, goes to callgrind as it is
+        // (see the module docs of `super`).
         let wrapper = dir.path().join("redis-server-under-callgrind");
         let script = format!(
-            "#!/bin/sh\nexec valgrind --tool=callgrind --collect-atstart=no \
-             --toggle-collect={TOGGLE} --vgdb-prefix=\"$BATCHER_VGDB_PREFIX\" \
+            "#!/bin/sh\nexec valgrind --tool=callgrind $BATCHER_CALLGRIND_ARGS \
+             --collect-atstart=no --toggle-collect={TOGGLE} \
+             --vgdb-prefix=\"$BATCHER_VGDB_PREFIX\" \
              --callgrind-out-file=\"$BATCHER_CALLGRIND_OUT\" redis-server \"$@\"\n"
         );
         std::fs::write(&wrapper, script).map_err(|e| format!("writing the wrapper: {e}"))?;
