@@ -7,6 +7,18 @@ use batcher::pb;
 use crate::policy_store::{Client, get, max_items_in_force, one, secs, store_on, update};
 use crate::support::{RedisServer, Service, add, eventually, next_batch};
 
+/// How long after its opening `key`'s open group is due, in ms.
+async fn due_after_open(client: &Client, key: &str) -> i64 {
+    let mut c = client.clone();
+    let req = pb::GetGroupRequest { key: key.into() };
+    let g = c.get_group(req).await.unwrap().into_inner().group.unwrap();
+    let ms = |t: Option<prost_types::Timestamp>| {
+        let t = t.unwrap();
+        t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
+    };
+    ms(g.due_at) - ms(g.opened_at)
+}
+
 /// A shorter max_wait moves an open group's due time to its opening plus
 /// the new window, and the group flushes then; a longer one leaves open
 /// groups as they are and applies to groups opened after it.
@@ -19,18 +31,7 @@ async fn open_groups_follow_a_shorter_max_wait_not_a_longer_one() {
         .unwrap()
         .into_inner();
     client.add(add("dock-1", "a", b"")).await.unwrap();
-    let group = |key: &str| pb::GetGroupRequest { key: key.into() };
-    let open = client
-        .get_group(group("dock-1"))
-        .await
-        .unwrap()
-        .into_inner();
-    let open = open.group.unwrap();
-    let ms = |t: &Option<prost_types::Timestamp>| {
-        let t = t.unwrap();
-        t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
-    };
-    assert_eq!(ms(&open.due_at) - ms(&open.opened_at), 600_000);
+    assert_eq!(due_after_open(&client, "dock-1").await, 600_000);
 
     let shorter = pb::Policy {
         max_wait: secs(2),
@@ -41,13 +42,7 @@ async fn open_groups_follow_a_shorter_max_wait_not_a_longer_one() {
         .await
         .unwrap();
     // In force when the call returns: the group is due 2 s after it opened.
-    let moved = client
-        .get_group(group("dock-1"))
-        .await
-        .unwrap()
-        .into_inner();
-    let moved = moved.group.unwrap();
-    assert_eq!(ms(&moved.due_at) - ms(&moved.opened_at), 2_000);
+    assert_eq!(due_after_open(&client, "dock-1").await, 2_000);
     let batch = next_batch(&mut live).await;
     assert_eq!(batch.key, "dock-1");
     assert_eq!(batch.reason, pb::FlushReason::Timeout as i32);
@@ -61,21 +56,9 @@ async fn open_groups_follow_a_shorter_max_wait_not_a_longer_one() {
         .update_policy(update("defaults", longer, &["max_wait"], ""))
         .await
         .unwrap();
-    let kept = client
-        .get_group(group("dock-2"))
-        .await
-        .unwrap()
-        .into_inner();
-    let kept = kept.group.unwrap();
-    assert_eq!(ms(&kept.due_at) - ms(&kept.opened_at), 2_000);
+    assert_eq!(due_after_open(&client, "dock-2").await, 2_000);
     client.add(add("dock-3", "c", b"")).await.unwrap();
-    let new = client
-        .get_group(group("dock-3"))
-        .await
-        .unwrap()
-        .into_inner();
-    let new = new.group.unwrap();
-    assert_eq!(ms(&new.due_at) - ms(&new.opened_at), 3_600_000);
+    assert_eq!(due_after_open(&client, "dock-3").await, 3_600_000);
     service.stop().await;
 }
 
@@ -104,21 +87,7 @@ async fn key_changes_move_only_their_keys_on_every_instance() {
         });
         ready.await;
     }
-    let due_after_open = |client: &Client| {
-        let mut c = client.clone();
-        async move {
-            let req = pb::GetGroupRequest {
-                key: "dock-1".into(),
-            };
-            let g = c.get_group(req).await.unwrap().into_inner().group.unwrap();
-            let ms = |t: Option<prost_types::Timestamp>| {
-                let t = t.unwrap();
-                t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
-            };
-            ms(g.due_at) - ms(g.opened_at)
-        }
-    };
-    assert_eq!(due_after_open(&ca).await, 600_000);
+    assert_eq!(due_after_open(&ca, "dock-1").await, 600_000);
 
     let shorter = pb::Policy {
         max_wait: secs(300),
@@ -127,7 +96,7 @@ async fn key_changes_move_only_their_keys_on_every_instance() {
     let req = update("keys/dock-1", shorter, &["max_wait"], "");
     let changed = ca.update_policy(req).await.unwrap().into_inner();
     // In force on `a` when the call returns, its group moved with it.
-    assert_eq!(due_after_open(&ca).await, 300_000);
+    assert_eq!(due_after_open(&ca, "dock-1").await, 300_000);
     // `b` replays it: its view of the store reaches the revision.
     let replayed = eventually("the change on the other instance", || {
         let mut c = cb.clone();
