@@ -53,9 +53,10 @@ last_json() {
 # floor_counters.lua beside batcher's library: on a fresh redis-server, $2 s
 # of our add path without the service (batcher-bench __store_load --spread
 # all, as scenario 1 spreads its items: the library loaded, its Lua heap
-# grown), the library then kept ($1 = kept) or deleted (FUNCTION DELETE),
-# then the floor as a function of its own in the same Lua VM (floor.mjs
-# --fcall 1) on the same data; its JSON line is appended to $3.
+# grown), the library then kept ($1 = kept), loaded anew (loaded: its code
+# resident, what its calls made gone) or deleted (FUNCTION DELETE), then
+# the floor as a function of its own in the same Lua VM (floor.mjs --fcall
+# 1) on the same data; its JSON line is appended to $3.
 floor_beside_library() {
   start_redis
   "$bench" __store_load --redis-port "$redis_port" --redis-pid "$redis_pid" --spread all \
@@ -65,7 +66,9 @@ floor_beside_library() {
       redis-cli -p "$redis_port" FUNCTION DELETE "$lib" >/dev/null
     done
   fi
+  local reload=0
+  if [ "$1" = loaded ]; then reload=1; fi
   node "$here/floor.mjs" --redis-port "$redis_port" --redis-pid "$redis_pid" \
-    --script floor_counters.lua --fcall 1 | tee -a "$3" >&2
+    --script floor_counters.lua --fcall 1 --reload-batcher "$reload" | tee -a "$3" >&2
   stop_redis
 }

@@ -14,6 +14,7 @@
 //   node floor.mjs --redis-port P --redis-pid PID
 //     --script floor.lua|floor_dedup.lua|floor_batch.lua|floor_fields.lua|floor_counters.lua
 //     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1] [--fcall 1 [--ballast N]]
+//     [--reload-batcher 1]
 //
 // Every script but floor.lua gets the shard's flushed set and a 10-minute
 // window, the service's default. Prints one line of JSON.
@@ -24,6 +25,10 @@
 // alive there (about 0.2 KB each), which the Lua collector walks as it walks
 // batcher's library, and the JSON gives the VM's live heap after the run
 // (functions_heap_kb). Each run draws its own ids, so runs may share a Redis.
+//
+// With --reload-batcher 1 it first loads batcher's library anew (FUNCTION
+// LOAD REPLACE of the code it finds there): its code stays resident, and
+// what its calls made (memos, the add's arrays) goes.
 
 import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
@@ -55,6 +60,14 @@ const WINDOW_MS = 600_000;
 const redis = new IORedis({ host: '127.0.0.1', port, maxRetriesPerRequest: null });
 const source = readFileSync(new URL(`../floor/${script}`, import.meta.url), 'utf8');
 const fcall = flags.fcall === '1';
+if (flags['reload-batcher'] === '1') {
+  for (const library of await redis.call('FUNCTION', 'LIST', 'WITHCODE')) {
+    const at = library.indexOf('library_code');
+    if (String(library[1]).startsWith('batcher_') && at >= 0) {
+      await redis.call('FUNCTION', 'LOAD', 'REPLACE', library[at + 1]);
+    }
+  }
+}
 const ballast = Number(flags.ballast ?? 0);
 let sha = null;
 if (fcall) {
