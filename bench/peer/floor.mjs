@@ -13,11 +13,15 @@
 //
 //   node floor.mjs --redis-port P --redis-pid PID
 //     --script floor.lua|floor_dedup.lua|floor_batch.lua|floor_fields.lua|floor_counters.lua
+//              |lab/dedup_generations.lua|lab/dedup_set.lua
 //     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1] [--fcall 1 [--ballast N]]
 //     [--reload-batcher 1]
 //
 // Every script but floor.lua gets the shard's flushed set and a 10-minute
-// window, the service's default. Prints one line of JSON.
+// window, the service's default; lab/dedup_generations.lua gets a second
+// key after it, its other generation. The scripts under lab/ are
+// candidates that a sitting measured beside the floors, not yardsticks.
+// Prints one line of JSON.
 //
 // With --fcall 1 the script runs as a function (FCALL) of a library of its
 // own in Redis's functions VM, where batcher's library lives, its globals
@@ -38,7 +42,7 @@ import { parseFlags, redisCpu } from './common.mjs';
 const flags = parseFlags('floor.mjs');
 const script = flags.script ?? 'floor.lua';
 const SCRIPTS = ['floor.lua', 'floor_dedup.lua', 'floor_batch.lua', 'floor_fields.lua',
-  'floor_counters.lua'];
+  'floor_counters.lua', 'lab/dedup_generations.lua', 'lab/dedup_set.lua'];
 if (!SCRIPTS.includes(script)) {
   console.error(`floor.mjs: --script must be one of ${SCRIPTS.join(', ')}, not ${script}`);
   process.exit(2);
@@ -99,6 +103,7 @@ function call(caller, seq) {
   const args = [MAX_ITEMS, MAX_WAIT_MS];
   if (dedup) {
     keys.push(`${tag}:flushed`);
+    if (script === 'lab/dedup_generations.lua') keys.push(`${tag}:flushed:odd`);
     args.push(WINDOW_MS);
   }
   const groups = new Map();
