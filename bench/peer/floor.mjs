@@ -13,13 +13,14 @@
 //
 //   node floor.mjs --redis-port P --redis-pid PID
 //     --script floor.lua|floor_dedup.lua|floor_batch.lua|floor_fields.lua|floor_counters.lua
-//              |lab/dedup_generations.lua|lab/dedup_set.lua
+//              |lab/dedup_generations.lua|lab/dedup_set.lua|lab/batch_rename.lua
 //     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1] [--fcall 1 [--ballast N]]
 //     [--reload-batcher 1]
 //
 // Every script but floor.lua gets the shard's flushed set and a 10-minute
 // window, the service's default; lab/dedup_generations.lua gets a second
-// key after it, its other generation. The scripts under lab/ are
+// key after it, its other generation, and lab/batch_rename.lua a batch key
+// after each group's hash. The scripts under lab/ are
 // candidates that a sitting measured beside the floors, not yardsticks.
 // Prints one line of JSON.
 //
@@ -42,7 +43,7 @@ import { parseFlags, redisCpu } from './common.mjs';
 const flags = parseFlags('floor.mjs');
 const script = flags.script ?? 'floor.lua';
 const SCRIPTS = ['floor.lua', 'floor_dedup.lua', 'floor_batch.lua', 'floor_fields.lua',
-  'floor_counters.lua', 'lab/dedup_generations.lua', 'lab/dedup_set.lua'];
+  'floor_counters.lua', 'lab/dedup_generations.lua', 'lab/dedup_set.lua', 'lab/batch_rename.lua'];
 if (!SCRIPTS.includes(script)) {
   console.error(`floor.mjs: --script must be one of ${SCRIPTS.join(', ')}, not ${script}`);
   process.exit(2);
@@ -114,6 +115,7 @@ function call(caller, seq) {
       g = groups.size + 1;
       groups.set(k, g);
       keys.push(`${tag}:g:${k}`);
+      if (script === 'lab/batch_rename.lua') keys.push(`${tag}:b:${run}-${caller}-${seq}-${g}`);
     }
     args.push(g, `${run}-${String(caller).padStart(4, '0')}-${String(seq + i).padStart(16, '0')}`, payload);
   }
