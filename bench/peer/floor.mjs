@@ -20,9 +20,9 @@
 // Every script but floor.lua gets the shard's flushed set and a 10-minute
 // window, the service's default; lab/dedup_generations.lua gets a second
 // key after it, its other generation, and lab/batch_rename.lua a batch key
-// after each group's hash. The scripts under lab/ are
-// candidates that a sitting measured beside the floors, not yardsticks.
-// Prints one line of JSON.
+// after each group's hash. The scripts under lab/ are candidates that a
+// sitting measured beside the floors, not yardsticks. Prints one line of
+// JSON.
 //
 // With --fcall 1 the script runs as a function (FCALL) of a library of its
 // own in Redis's functions VM, where batcher's library lives, its globals
