@@ -9,6 +9,7 @@
 //! `load.rs` (load generation), `procs.rs` (child processes, started with
 //! the `batcher-testkit` crate that the integration tests use too; CPU and RSS),
 //! `floor_serve.rs` (the frozen service floor of row 2c),
+//! `floor_serve_many.rs` (the frozen AddMany service floor of row 1c),
 //! `store_load.rs` (the hidden `__store_load`: our add path without the
 //! service, driven as `bench/peer/floor.mjs` drives the floors),
 //! `reports.rs` and `cluster_report.rs` (results to rows and notes),
@@ -203,6 +204,7 @@ mod cluster;
 mod cluster_report;
 mod fanout;
 mod floor_serve;
+mod floor_serve_many;
 mod ingest;
 mod instructions;
 mod load;
@@ -266,6 +268,11 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = service::SHARDS,
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     shards: u16,
+    /// The frozen floor script of bench/floor/ that row 1c's AddMany
+    /// service floor serves (floor_dedup, floor_fields or floor_counters).
+    #[arg(long, value_name = "SCRIPT", default_value = "floor_counters",
+          value_parser = clap::builder::PossibleValuesParser::new(floor_serve_many::SCRIPT_NAMES))]
+    floor_many: String,
     /// Print the service config the bench runs, and exit.
     #[arg(long)]
     print_config: bool,
@@ -286,6 +293,15 @@ enum Command {
     FloorServe {
         #[arg(long)]
         redis_url: String,
+    },
+    /// Runs the frozen AddMany service floor (row 1c; see floor_serve_many.rs).
+    #[command(name = "__floor_serve_many", hide = true)]
+    FloorServeMany {
+        #[arg(long)]
+        redis_url: String,
+        /// The floor script of bench/floor/ it serves.
+        #[arg(long, default_value = "floor_counters")]
+        script: String,
     },
     /// Counts the Redis instructions per added item under callgrind, and
     /// writes or checks the baseline (bench/instructions.toml).
@@ -309,6 +325,9 @@ fn main() -> ExitCode {
     match args.command.take() {
         Some(Command::Serve { config_toml }) => return serve(&config_toml),
         Some(Command::FloorServe { redis_url }) => return floor_serve(&redis_url),
+        Some(Command::FloorServeMany { redis_url, script }) => {
+            return floor_serve_many(&redis_url, &script);
+        }
         Some(Command::Instructions(opts)) => return instructions::main(opts),
         Some(Command::StoreLoad(opts)) => return store_load(opts),
         None => {}
@@ -371,6 +390,19 @@ fn floor_serve(redis_url: &str) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("batcher-bench __floor_serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The hidden `__floor_serve_many` subcommand: the frozen AddMany service
+/// floor.
+fn floor_serve_many(redis_url: &str, script: &str) -> ExitCode {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match runtime.block_on(floor_serve_many::serve(redis_url, script)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("batcher-bench __floor_serve_many: {e}");
             ExitCode::FAILURE
         }
     }
@@ -472,6 +504,7 @@ async fn bench(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    env.floor_many_script = args.floor_many.clone();
     let redis_version = scenarios::redis_version(&env.redis_url).await;
     if env.redis.is_none() {
         results.notes.push(format!(

@@ -12,7 +12,13 @@ pub const METHOD: &str = "\
 - **1b. Redis CPU per item**: redis-server's user+system CPU time over the measured window \
   (from `/proc/<pid>/stat`, so only with the bench's own Redis) / the items added by calls \
   completing in that window. Target for AddMany ≤ 8 µs; shown for unary Add too, without a \
-  target.
+  target. **1c**: the same load, on the same Redis emptied again, against the frozen AddMany \
+  service floor (`batcher-bench __floor_serve_many`, `floor_serve_many.rs`): tonic's default \
+  server serving AddMany alone, each call one `EVALSHA` of a frozen floor script (by default \
+  `bench/floor/floor_counters.lua`, the add of our layout's plain group and nothing else; \
+  `--floor-many` picks another), with no layers, validation, shards or merging. Figure: 1b \
+  over the floor's Redis CPU per item, with both rates: what our add costs Redis beyond the \
+  least a script of that layout does with a service beside Redis. Reference, no target.
 - **2. Add**: 64 callers, 8 connections, one item per call over 10k keys; adds per second and \
   call latency p50/p99. Reference, no target. **2b**: the service's user+system CPU time over \
   the window (`/proc/<pid>/stat`, so only with the bench's own service) / the adds completed \

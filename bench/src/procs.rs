@@ -66,6 +66,19 @@ impl ServiceProc {
         ServiceProc::spawn(&["__floor_serve", "--redis-url", redis_url], &[]).await
     }
 
+    /// Starts the frozen AddMany service floor (row 1c) on the Redis at
+    /// `redis_url`, serving the floor script `script`.
+    pub async fn start_floor_many(redis_url: &str, script: &str) -> Result<ServiceProc, String> {
+        let args = [
+            "__floor_serve_many",
+            "--redis-url",
+            redis_url,
+            "--script",
+            script,
+        ];
+        ServiceProc::spawn(&args, &[]).await
+    }
+
     /// Starts this binary with `args` and waits for the address it reports.
     async fn spawn(args: &[&str], env: &[(&str, String)]) -> Result<ServiceProc, String> {
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;

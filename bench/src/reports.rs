@@ -390,6 +390,35 @@ pub fn service_floor(results: &mut Results, floor: &Ingest, ours: Option<&Ingest
     ));
 }
 
+/// Row 1c: Redis's CPU per item under scenario 1's load beside the frozen
+/// AddMany service floor's (floor script `script`, a ratio to code ours
+/// cannot move), and its note.
+pub fn add_many_floor(results: &mut Results, script: &str, floor: &Ingest, ours: Option<&Ingest>) {
+    let name = format!("1c. Redis CPU per item over the AddMany service floor's ({script})");
+    let floor_us = floor.redis_us_per_item();
+    let ours_us = ours.and_then(Ingest::redis_us_per_item);
+    let row = match (ours_us, floor_us) {
+        (Some(us), Some(floor_us)) => Row::new(
+            &name,
+            format!(
+                "{us:.1} µs vs {floor_us:.1} µs; {:.0} vs {:.0} items/s",
+                ours.map_or(0.0, |o| o.stats.per_sec()),
+                floor.stats.per_sec()
+            ),
+            "reference",
+            format!("{:.2}×", us / floor_us),
+            Verdict::Info,
+        ),
+        _ => Row::new(&name, "n/a", "reference", "", Verdict::Info),
+    };
+    results.rows.push(row);
+    results.notes.push(format!(
+        "1c. The frozen AddMany service floor ({script}) under scenario 1's load: {}{}.",
+        add_many_summary(floor),
+        floor.stats.error_note()
+    ));
+}
+
 /// Scenario 12's row (adds per call, throughput and latency at each level:
 /// reference figures) and its notes.
 pub fn adds_per_call(results: &mut Results, name: &str, r: &AddsPerCall) {

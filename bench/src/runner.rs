@@ -110,7 +110,8 @@ async fn run_unary(results: &mut Results, env: &mut Env, sizes: &Sizes, run: &st
     }
 }
 
-/// Scenario 1; returns its result for scenario 9 to compare with.
+/// Scenario 1, then the same load on the frozen AddMany service floor (row
+/// 1c); returns scenario 1's result for scenario 9 to compare with.
 async fn run_add_many(
     results: &mut Results,
     env: &mut Env,
@@ -125,9 +126,23 @@ async fn run_add_many(
     let future = ingest::ingest_add_many(&target, sizes, run);
     let r = results
         .attempt(name, Duration::from_secs(120), future)
-        .await?;
-    reports::add_many(results, name, &r);
-    Some(r)
+        .await;
+    if let Some(r) = &r {
+        reports::add_many(results, name, r);
+    }
+    let script = env.floor_many_script.clone();
+    let script = script.as_str();
+    let name = "1c. the frozen AddMany service floor, scenario 1's load";
+    if let Some(target) = results.setup(name, env.floor_many(script).await) {
+        let future = ingest::ingest_add_many(&target, sizes, run);
+        if let Some(floor) = results
+            .attempt(name, Duration::from_secs(120), future)
+            .await
+        {
+            reports::add_many_floor(results, script, &floor, r.as_ref());
+        }
+    }
+    r
 }
 
 /// Scenario 9, on a cluster of its own, next to scenario 1's single node.
