@@ -358,27 +358,41 @@ pub fn add(results: &mut Results, name: &str, r: &Ingest) {
     ));
 }
 
+/// A row of ours beside a frozen service floor under the same load: our
+/// CPU figure `us` over the floor's, with both rates (in `per`).
+fn over_floor(
+    name: &str,
+    us: Option<f64>,
+    floor_us: Option<f64>,
+    ours: Option<&Ingest>,
+    floor: &Ingest,
+    per: &str,
+) -> Row {
+    let (Some(us), Some(floor_us)) = (us, floor_us) else {
+        return Row::new(name, "n/a", "reference", "", Verdict::Info);
+    };
+    Row::new(
+        name,
+        format!(
+            "{us:.1} µs vs {floor_us:.1} µs; {:.0} vs {:.0} {per}",
+            ours.map_or(0.0, |o| o.stats.per_sec()),
+            floor.stats.per_sec()
+        ),
+        "reference",
+        format!("{:.2}×", us / floor_us),
+        Verdict::Info,
+    )
+}
+
 /// Row 2c: the service's CPU per add and rate beside the frozen service
 /// floor's under the same load (a ratio to code ours cannot move), and its note.
 pub fn service_floor(results: &mut Results, floor: &Ingest, ours: Option<&Ingest>) {
     let name = "2c. service CPU per add over the frozen service floor's";
     let floor_us = floor.service_us_per_item();
     let ours_us = ours.and_then(Ingest::service_us_per_item);
-    let row = match (ours_us, floor_us) {
-        (Some(us), Some(floor_us)) => Row::new(
-            name,
-            format!(
-                "{us:.1} µs vs {floor_us:.1} µs; {:.0} vs {:.0} adds/s",
-                ours.map_or(0.0, |o| o.stats.per_sec()),
-                floor.stats.per_sec()
-            ),
-            "reference",
-            format!("{:.2}×", us / floor_us),
-            Verdict::Info,
-        ),
-        _ => Row::new(name, "n/a", "reference", "", Verdict::Info),
-    };
-    results.rows.push(row);
+    results
+        .rows
+        .push(over_floor(name, ours_us, floor_us, ours, floor, "adds/s"));
     results.notes.push(format!(
         "2c. The frozen service floor under scenario 2's load: {} adds in {:.0} s; CPU {}; {}; {}{}.",
         floor.stats.added,
@@ -397,21 +411,9 @@ pub fn add_many_floor(results: &mut Results, script: &str, floor: &Ingest, ours:
     let name = format!("1c. Redis CPU per item over the AddMany service floor's ({script})");
     let floor_us = floor.redis_us_per_item();
     let ours_us = ours.and_then(Ingest::redis_us_per_item);
-    let row = match (ours_us, floor_us) {
-        (Some(us), Some(floor_us)) => Row::new(
-            &name,
-            format!(
-                "{us:.1} µs vs {floor_us:.1} µs; {:.0} vs {:.0} items/s",
-                ours.map_or(0.0, |o| o.stats.per_sec()),
-                floor.stats.per_sec()
-            ),
-            "reference",
-            format!("{:.2}×", us / floor_us),
-            Verdict::Info,
-        ),
-        _ => Row::new(&name, "n/a", "reference", "", Verdict::Info),
-    };
-    results.rows.push(row);
+    results
+        .rows
+        .push(over_floor(&name, ours_us, floor_us, ours, floor, "items/s"));
     results.notes.push(format!(
         "1c. The frozen AddMany service floor ({script}) under scenario 1's load: {}{}.",
         add_many_summary(floor),
