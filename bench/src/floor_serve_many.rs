@@ -142,6 +142,10 @@ impl NamedService for FloorMany {
 /// The names of the floor scripts it serves, as in [`SCRIPTS`].
 pub const SCRIPT_NAMES: [&str; 3] = ["floor_dedup", "floor_fields", "floor_counters"];
 
+/// The one it serves unless told otherwise: the floor of our layout, whose
+/// instructions per item our add matches (`batcher-bench instructions`).
+pub const DEFAULT_SCRIPT: &str = "floor_counters";
+
 /// Serves the floor script `script` until killed; errors end it with a
 /// message.
 pub async fn serve(redis_url: &str, script: &str) -> Result<(), String> {

@@ -270,7 +270,7 @@ struct Args {
     shards: u16,
     /// The frozen floor script of bench/floor/ that row 1c's AddMany
     /// service floor serves (floor_dedup, floor_fields or floor_counters).
-    #[arg(long, value_name = "SCRIPT", default_value = "floor_counters",
+    #[arg(long, value_name = "SCRIPT", default_value = floor_serve_many::DEFAULT_SCRIPT,
           value_parser = clap::builder::PossibleValuesParser::new(floor_serve_many::SCRIPT_NAMES))]
     floor_many: String,
     /// Print the service config the bench runs, and exit.
@@ -300,7 +300,7 @@ enum Command {
         #[arg(long)]
         redis_url: String,
         /// The floor script of bench/floor/ it serves.
-        #[arg(long, default_value = "floor_counters")]
+        #[arg(long, default_value = floor_serve_many::DEFAULT_SCRIPT)]
         script: String,
     },
     /// Counts the Redis instructions per added item under callgrind, and

@@ -119,7 +119,7 @@ impl Env {
             service: None,
             config_text,
             config,
-            floor_many_script: "floor_counters".into(),
+            floor_many_script: crate::floor_serve_many::DEFAULT_SCRIPT.into(),
         })
     }
 
