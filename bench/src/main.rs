@@ -1,7 +1,8 @@
 //! `batcher-bench`: the benchmark harness of batcher.
 //!
-//! Layout: `main.rs` (this: the CLI, the hidden `__serve` subcommand and
-//! the dispatch to `instructions`),
+//! Layout: `main.rs` (this: the CLI and the dispatch to the hidden
+//! subcommands and `instructions`), `serve.rs` (the hidden `__serve`: the
+//! service under test),
 //! `service.rs` (the config under test and a fresh service per scenario),
 //! `results.rs` (runs the scenarios in order), one file per
 //! scenario (`ingest.rs`, `precision.rs`, `fanout.rs`, `scale.rs`,
@@ -220,6 +221,7 @@ mod reports;
 mod runner;
 mod scale;
 mod scenarios;
+mod serve;
 mod service;
 mod store_load;
 mod tracing_cost;
@@ -229,9 +231,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use batcher::config::Config;
 use clap::{Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
 
 use report::Results;
 use scenarios::Sizes;
@@ -323,13 +323,20 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let mut args = Args::parse();
     match args.command.take() {
-        Some(Command::Serve { config_toml }) => return serve(&config_toml),
-        Some(Command::FloorServe { redis_url }) => return floor_serve(&redis_url),
+        Some(Command::Serve { config_toml }) => return serve::main(&config_toml),
+        Some(Command::FloorServe { redis_url }) => {
+            return hidden("__floor_serve", floor_serve::serve(&redis_url), drop);
+        }
         Some(Command::FloorServeMany { redis_url, script }) => {
-            return floor_serve_many(&redis_url, &script);
+            let future = floor_serve_many::serve(&redis_url, &script);
+            return hidden("__floor_serve_many", future, drop);
         }
         Some(Command::Instructions(opts)) => return instructions::main(opts),
-        Some(Command::StoreLoad(opts)) => return store_load(opts),
+        Some(Command::StoreLoad(opts)) => {
+            return hidden("__store_load", store_load::run(opts), |line| {
+                println!("{line}")
+            });
+        }
         None => {}
     }
     if args.print_config {
@@ -368,122 +375,24 @@ fn main() -> ExitCode {
     })
 }
 
-/// The hidden `__store_load` subcommand: one line of JSON on stdout.
-fn store_load(opts: store_load::Opts) -> ExitCode {
+/// Runs a hidden subcommand's `future` on a runtime of its own: `done`
+/// takes its result; an error ends it with a message naming `name`.
+fn hidden<T>(
+    name: &str,
+    future: impl std::future::Future<Output = Result<T, String>>,
+    done: impl FnOnce(T),
+) -> ExitCode {
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    match runtime.block_on(store_load::run(opts)) {
-        Ok(line) => {
-            println!("{line}");
+    match runtime.block_on(future) {
+        Ok(value) => {
+            done(value);
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("batcher-bench __store_load: {e}");
+            eprintln!("batcher-bench {name}: {e}");
             ExitCode::FAILURE
         }
     }
-}
-
-/// The hidden `__floor_serve` subcommand: the frozen service floor.
-fn floor_serve(redis_url: &str) -> ExitCode {
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    match runtime.block_on(floor_serve::serve(redis_url)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("batcher-bench __floor_serve: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// The hidden `__floor_serve_many` subcommand: the frozen AddMany service
-/// floor.
-fn floor_serve_many(redis_url: &str, script: &str) -> ExitCode {
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    match runtime.block_on(floor_serve_many::serve(redis_url, script)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("batcher-bench __floor_serve_many: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// The hidden `__serve` subcommand: the service under test, printing
-/// `LISTENING <addr>` on stdout once it has bound its port.
-fn serve(config_toml: &str) -> ExitCode {
-    let config = match Config::parse(config_toml, "bench") {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("batcher-bench __serve: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // The service's own runtime (see batcher::server::runtime).
-    let runtime = batcher::server::runtime().expect("tokio runtime");
-    runtime.block_on(async {
-        // Traces as `batcher serve` sends them, when OTEL_* asks (scenario 14).
-        let telemetry = match batcher::telemetry::Telemetry::from_env() {
-            Ok(telemetry) => telemetry,
-            Err(e) => {
-                eprintln!("batcher-bench __serve: traces: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        serve_logs(telemetry.as_ref());
-        let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
-            Ok(listener) => listener,
-            Err(e) => {
-                eprintln!("batcher-bench __serve: cannot listen: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        match listener.local_addr() {
-            Ok(addr) => println!("LISTENING {addr}"),
-            Err(e) => {
-                eprintln!("batcher-bench __serve: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-        let http = match batcher::http::bind(&config.http).await {
-            Ok(http) => http,
-            Err(e) => {
-                eprintln!("batcher-bench __serve: [http] cannot listen: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let shutdown = CancellationToken::new();
-        let served = batcher::server::run(listener, http, config, None, shutdown).await;
-        if let Some(telemetry) = telemetry {
-            telemetry.shutdown(std::time::Duration::from_secs(1)).await;
-        }
-        match served {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("batcher-bench __serve: {e}");
-                ExitCode::FAILURE
-            }
-        }
-    })
-}
-
-/// The service's logs on stderr (stdout carries its address), at `warn`
-/// unless RUST_LOG says otherwise; with `telemetry`, its spans too.
-fn serve_logs(telemetry: Option<&batcher::telemetry::Telemetry>) {
-    use tracing_subscriber::prelude::*;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_filter(filter);
-    let traces = telemetry.map(|t| {
-        let spans = tracing_subscriber::filter::Targets::new()
-            .with_target("batcher", tracing_subscriber::filter::LevelFilter::INFO);
-        t.layer().with_filter(spans)
-    });
-    tracing_subscriber::registry()
-        .with(traces)
-        .with(logs)
-        .init();
 }
 
 /// Runs every scenario (or those --only names), prints the table and writes

@@ -28,16 +28,23 @@ max_bytes = "10B"
 max_items = 1000
 "#;
 
+type Client = pb::batcher_client::BatcherClient<tonic::transport::Channel>;
+
 /// A Redis of its own and a service on it under [`POLICIES`], and a client.
-pub(crate) async fn setup() -> (
-    RedisServer,
-    Service,
-    pb::batcher_client::BatcherClient<tonic::transport::Channel>,
-) {
+pub(crate) async fn setup() -> (RedisServer, Service, Client) {
     let redis = RedisServer::start();
     let service = Service::start(config(&redis.url(), POLICIES)).await;
     let client = service.client().await;
     (redis, service, client)
+}
+
+/// Removes item `id` from `key`'s open group.
+async fn remove(client: &mut Client, key: &str, id: &str) -> pb::RemoveResponse {
+    let request = pb::RemoveRequest {
+        key: key.into(),
+        item_id: id.into(),
+    };
+    client.remove(request).await.unwrap().into_inner()
 }
 
 /// The add that brings a group to max_items flushes it, atomically, with reason SIZE.
@@ -226,26 +233,12 @@ async fn remove_takes_items_out() {
     client.add(add("north", "a", b"12")).await.unwrap();
     client.add(add("north", "b", b"345")).await.unwrap();
     client.add(add("north", "empty", b"")).await.unwrap();
-    let removed = client
-        .remove(pb::RemoveRequest {
-            key: "north".into(),
-            item_id: "empty".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let removed = remove(&mut client, "north", "empty").await;
     assert!(
         removed.removed,
         "an item with an empty payload can be removed"
     );
-    let removed = client
-        .remove(pb::RemoveRequest {
-            key: "north".into(),
-            item_id: "a".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let removed = remove(&mut client, "north", "a").await;
     assert!(removed.removed);
     assert_eq!(removed.group_size, 1);
     let group = client
@@ -260,23 +253,9 @@ async fn remove_takes_items_out() {
     assert_eq!(group.size, 1);
     assert_eq!(group.bytes, 3);
     assert_eq!(group.items.len(), 1);
-    let again = client
-        .remove(pb::RemoveRequest {
-            key: "north".into(),
-            item_id: "a".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let again = remove(&mut client, "north", "a").await;
     assert!(!again.removed);
-    let last = client
-        .remove(pb::RemoveRequest {
-            key: "north".into(),
-            item_id: "b".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let last = remove(&mut client, "north", "b").await;
     assert!(last.removed);
     assert_eq!(last.group_size, 0);
     let gone = client
@@ -369,14 +348,7 @@ async fn arrival_order_holds_across_removes() {
     client.add_many(add_ids(0, 200)).await.unwrap();
     let removed: Vec<String> = (0..200).step_by(10).map(|i| format!("i{i:03}")).collect();
     for id in &removed {
-        let r = client
-            .remove(pb::RemoveRequest {
-                key: "long".into(),
-                item_id: id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let r = remove(&mut client, "long", id).await;
         assert!(r.removed, "{id} was in the group");
     }
     client.add_many(add_ids(200, 400)).await.unwrap();
