@@ -15,7 +15,7 @@
 //     --script floor.lua|floor_dedup.lua|floor_batch.lua|floor_fields.lua|floor_counters.lua
 //              |lab/dedup_generations.lua|lab/dedup_set.lua|lab/batch_rename.lua
 //     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1] [--fcall 1 [--ballast N]]
-//     [--reload-batcher 1]
+//     [--reload-batcher 1] [--spread S]
 //
 // Every script but floor.lua gets the shard's flushed set and a 10-minute
 // window, the service's default; lab/dedup_generations.lua gets a second
@@ -34,6 +34,18 @@
 // With --reload-batcher 1 it first loads batcher's library anew (FUNCTION
 // LOAD REPLACE of the code it finds there): its code stays resident, and
 // what its calls made (memos, the add's arrays) goes.
+//
+// With --spread S (S of 2, 4, 8 or 16) a call's items are drawn over S
+// shards, not one: the shards of one lane (shard s is in lane s mod 16/S,
+// the lane drawn at random), as batcher's round writers on one Redis send
+// a lane's shards together (2 lanes of 8: --spread 8). The call is then
+// one FCALL of a library whose function runs the script once per shard the
+// items drew, a section, with that shard's KEYS and ARGV in tables of their
+// own, as add_shards runs batcher's add once per shard section; the script's
+// text is unchanged, so each section reads Redis's TIME, where add_shards
+// reads it once a call. The floor of batcher's call shape under unary Add:
+// `--callers 64 --bulk 13 --spread 8` (row 12 of BENCHMARKS.md: about 13
+// adds a call at 64 callers).
 
 import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
@@ -55,16 +67,21 @@ const callers = Number(flags.callers ?? 16);
 const bulk = Number(flags.bulk ?? 100);
 const seconds = Number(flags.seconds ?? 10);
 const warmup = Number(flags.warmup ?? 1);
+const spread = Number(flags.spread ?? 1);
 
 const SHARDS = 16;
 const KEYS = 10_000;
 const MAX_ITEMS = 10;
 const MAX_WAIT_MS = 60_000;
 const WINDOW_MS = 600_000;
+if (![1, 2, 4, 8, 16].includes(spread)) {
+  console.error(`floor.mjs: --spread must be 1, 2, 4, 8 or 16, not ${spread}`);
+  process.exit(2);
+}
 
 const redis = new IORedis({ host: '127.0.0.1', port, maxRetriesPerRequest: null });
 const source = readFileSync(new URL(`../floor/${script}`, import.meta.url), 'utf8');
-const fcall = flags.fcall === '1';
+const fcall = flags.fcall === '1' || spread > 1;
 if (flags['reload-batcher'] === '1') {
   for (const library of await redis.call('FUNCTION', 'LIST', 'WITHCODE')) {
     const at = library.indexOf('library_code');
@@ -75,7 +92,32 @@ if (flags['reload-batcher'] === '1') {
 }
 const ballast = Number(flags.ballast ?? 0);
 let sha = null;
-if (fcall) {
+if (spread > 1) {
+  // ARGV[1]: the count of sections n, then per section the counts of its
+  // KEYS and of its ARGV; then each section's KEYS and ARGV in turn.
+  await redis.call('FUNCTION', 'LOAD', 'REPLACE', [
+    '#!lua name=floor_lab',
+    'local function section(KEYS, ARGV)',
+    'local redis, tonumber, string, struct, math, unpack = redis, tonumber, string, struct, math, unpack',
+    source,
+    'end',
+    "redis.register_function('floor_lab', function(keys, args)",
+    '  local n = tonumber(args[1])',
+    '  local replies, k, a = {}, 0, 1 + 2 * n',
+    '  for s = 1, n do',
+    '    local nk, na = tonumber(args[2 * s]), tonumber(args[2 * s + 1])',
+    '    local K, A = {}, {}',
+    '    for i = 1, nk do K[i] = keys[k + i] end',
+    '    for i = 1, na do A[i] = args[a + i] end',
+    '    replies[s] = section(K, A)',
+    '    k, a = k + nk, a + na',
+    '  end',
+    '  return replies',
+    'end)',
+    'redis.register_function { function_name = \'floor_lab_heap\', flags = { \'no-writes\' },',
+    "  callback = function() collectgarbage('collect') return { math.floor(collectgarbage('count')), 0 } end }",
+  ].join('\n'));
+} else if (fcall) {
   await redis.call('FUNCTION', 'LOAD', 'REPLACE', [
     '#!lua name=floor_lab',
     'local ballast = {}',
@@ -96,9 +138,37 @@ const run = Math.floor(Math.random() * 36 ** 3).toString(36).padStart(3, '0');
 const key = (n) => `bench-k-${String(n).padStart(7, '0')}`;
 const payload = 'p'.repeat(32);
 
-// One call's KEYS and ARGV: `bulk` items of one shard.
+// One call's KEYS and ARGV: `bulk` items of one shard, or with --spread
+// over the shards of one lane, a section per shard drawn.
 function call(caller, seq) {
-  const shard = Math.floor(Math.random() * SHARDS);
+  if (spread > 1) return spreadCall(caller, seq);
+  return shardCall(caller, seq, Math.floor(Math.random() * SHARDS), bulk, seq);
+}
+
+function spreadCall(caller, seq) {
+  const lanes = SHARDS / spread;
+  const lane = Math.floor(Math.random() * lanes);
+  const counts = new Map();
+  for (let i = 0; i < bulk; i++) {
+    const shard = lane + lanes * Math.floor(Math.random() * spread);
+    counts.set(shard, (counts.get(shard) ?? 0) + 1);
+  }
+  const header = [counts.size];
+  const keys = [];
+  const args = [];
+  let at = seq;
+  for (const [shard, n] of counts) {
+    const [k, a] = shardCall(caller, seq, shard, n, at);
+    at += n;
+    header.push(k.length, a.length);
+    keys.push(...k);
+    args.push(...a);
+  }
+  return [keys, [...header, ...args]];
+}
+
+// The KEYS and ARGV of `n` items of `shard`, their ids numbered from `at`.
+function shardCall(caller, seq, shard, n, at) {
   const tag = `{floor:${shard}}`;
   const keys = [`${tag}:due`, `${tag}:stream`];
   const args = [MAX_ITEMS, MAX_WAIT_MS];
@@ -108,7 +178,7 @@ function call(caller, seq) {
     args.push(WINDOW_MS);
   }
   const groups = new Map();
-  for (let i = 0; i < bulk; i++) {
+  for (let i = 0; i < n; i++) {
     const k = key(shard + SHARDS * Math.floor(Math.random() * (KEYS / SHARDS)));
     let g = groups.get(k);
     if (g === undefined) {
@@ -117,7 +187,7 @@ function call(caller, seq) {
       keys.push(`${tag}:g:${k}`);
       if (script === 'lab/batch_rename.lua') keys.push(`${tag}:b:${run}-${caller}-${seq}-${g}`);
     }
-    args.push(g, `${run}-${String(caller).padStart(4, '0')}-${String(seq + i).padStart(16, '0')}`, payload);
+    args.push(g, `${run}-${String(caller).padStart(4, '0')}-${String(at + i).padStart(16, '0')}`, payload);
   }
   return [keys, args];
 }
@@ -150,7 +220,7 @@ async function caller(c) {
     const t = now();
     if (t >= start && t < end) {
       items += bulk;
-      added += reply.filter((r) => r !== 0).length;
+      added += (spread > 1 ? reply.flat() : reply).filter((r) => r !== 0).length;
     }
   }
 }
@@ -162,7 +232,7 @@ if (added !== items) {
   console.error(`floor.mjs: ${items - added} of ${items} fresh items were not added`);
   process.exit(1);
 }
-const out = { floor: basename(script, '.lua'), callers, bulk, seconds, items, rate: items / seconds };
+const out = { floor: basename(script, '.lua'), callers, bulk, spread, seconds, items, rate: items / seconds };
 if (cpuStart !== null) {
   out.redis_cpu_us_per_item = Number((((cpuEnd - cpuStart) * 1e6) / items).toFixed(2));
 }

@@ -95,6 +95,14 @@ function render() {
     `library resident: ${ours.map((v, j) => x(v / resident[j])).join(', ')}; over that floor behind the ` +
     `AddMany service floor (row 1c): ${ours.map((v, j) => x(v / served[j])).join(', ')}. What our library ` +
     `resident costs the floor (kept over deleted): ${library.map(x).join(', ')}.`];
+  const shaped = of('floor_batch×13/8/add');
+  if (shaped.length) {
+    after.push('', 'Unary Add\'s Redis CPU per add, pair by pair, over `floor_batch` in batcher\'s call shape ' +
+      '(13 adds a call over the 8 shards of a lane, a section per shard: `floor.mjs --callers 64 --bulk 13 ' +
+      `--spread 8\`): ${of('Add/add').map((r, j) => x(r.cr / shaped[j].cr)).join(', ')}; that floor over the ` +
+      `same 13 adds a call in one shard's section (\`floor_batch×13\`), what the sections cost: ` +
+      `${shaped.map((r, j) => x(r.us / of('floor_batch×13/add')[j].us)).join(', ')}.`);
+  }
   if (flags.shards) {
     const n = flags.shards, many = `AddMany_${n}_shards/addBulk`, unary = `Add_${n}_shards/add`;
     after.push('', `With the service in ${n} shards (\`--shards ${n}\`; rows \`${many}\` and \`${unary}\`, ` +
@@ -136,9 +144,14 @@ function render() {
       `${met(of('Add/add').map((r) => r.rr), (v) => v >= 1)} | ` +
       `${met(of('service_floor/add').map((r) => r.rr), (v) => v >= 1)} |`,
     `| unary Add Redis CPU ≤ 0.6× \`add\` | ${list('Add/add', 'cr', near(0.6))} | \`floor_batch\`, one add a ` +
-      `call ${list('floor_batch×1/add', 'cr', near(0.6))}; four ${list('floor_batch×4/add', 'cr', near(0.6))} | ` +
+      `call ${list('floor_batch×1/add', 'cr', near(0.6))}; four ${list('floor_batch×4/add', 'cr', near(0.6))}` +
+      (of('floor_batch×13/add').length ? `; thirteen ${list('floor_batch×13/add', 'cr', near(0.6))}` : '') +
+      (of('floor_batch×13/8/add').length ? `; thirteen over a lane's eight shards, a section each shard, as ` +
+        `batcher's round writers send them, ${list('floor_batch×13/8/add', 'cr', near(0.6))}` : '') + ' | ' +
       `${met(of('Add/add').map((r) => r.cr), (v) => v <= 0.6)} | one a call ` +
-      `${met(of('floor_batch×1/add').map((r) => r.cr), (v) => v <= 0.6)} |`,
+      `${met(of('floor_batch×1/add').map((r) => r.cr), (v) => v <= 0.6)}` +
+      (of('floor_batch×13/8/add').length ? `; batcher's call shape ` +
+        `${met(of('floor_batch×13/8/add').map((r) => r.cr), (v) => v <= 0.6)}` : '') + ' |',
     `| service CPU ≤ 20 µs per unary add | ${service.map((s) => us(s[1])).join(', ')} | ` +
       `the service floor ${service.map((s) => us(s[2])).join(', ')} | ` +
       `${met(service.map((s) => s[1]), (v) => v <= 20)} | ${met(service.map((s) => s[2]), (v) => v <= 20)} |`,
