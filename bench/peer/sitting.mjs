@@ -173,10 +173,11 @@ function render() {
     line('addmany', 'AddMany, calls of 100 of one shard', [bulk, ['floor_counters', '`floor_counters`']]);
     line('sharded', 'AddMany as scenario 1 shards it', [bulk]);
     line('unary', 'one item a call', [add, ['floor_batch_unary', '`floor_batch_unary`']]);
-    line('rounds', 'unary adds as the round writers send them', [add]);
+    line('rounds', 'unary adds as the round writers send them', [add, ['floor_rounds', '`floor_rounds`']]);
     line('every_rule', 'AddMany with every rule on', [['addmany', '`addmany`'], ['floor_rules', '`floor_rules`']]);
     line('floor_counters', 'the frozen floor of format 4', [bulk]);
     line('floor_batch_unary', 'the frozen floor, one item a call', [add]);
+    line('floor_rounds', 'the frozen floor, sent as `rounds`', [add, ['floor_batch_unary', '`floor_batch_unary`']]);
     line('floor_rules', 'the frozen floor with every rule', [['floor_dedup', '`floor_dedup`']]);
     line('bullmq_addbulk', 'BullMQ, `addBulk` of 100', []);
     line('bullmq_add', 'BullMQ, `add`', []);

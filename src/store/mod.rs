@@ -63,6 +63,7 @@ pub use groups::GroupPos;
 pub use job::{Deadline, NewItem};
 pub use policies::{BULK_CHANGE, PolicyChange, PolicyWrite, Revision, StoredPolicy, Written};
 pub use stats::{ConsumerGroupStats, OpenLimitStats, OpenLimits};
+pub use writer::LANES;
 
 use conn::{Code, Connector, invoke};
 use writer::{AddWriter, ShardQueue};

@@ -295,7 +295,7 @@ async fn answer_shards(parts: Vec<ShardBatch<'_>>) {
 /// How many round writers share one Redis's shards (shard `s` is in lane
 /// `s % LANES`): while one lane's replies are answered and its next round
 /// gathers, another lane's round keeps Redis busy.
-pub(super) const LANES: u16 = 2;
+pub const LANES: u16 = 2;
 
 /// The writer of one lane of shards on one Redis (see the module docs):
 /// each round takes the jobs that queued while the last one was in flight,

@@ -178,6 +178,8 @@ fn print_ratios(measured: &[Measured]) {
         ("floor_counters", "floor_fields"),
         ("unary", "floor_batch_unary"),
         ("rounds", "floor_batch_unary"),
+        ("rounds", "floor_rounds"),
+        ("floor_rounds", "floor_batch_unary"),
         ("every_rule", "floor_rules"),
         ("addmany", "bullmq_addbulk"),
         ("sharded", "bullmq_addbulk"),
@@ -189,6 +191,7 @@ fn print_ratios(measured: &[Measured]) {
         ("floor_fields", "bullmq_addbulk"),
         ("floor_counters", "bullmq_addbulk"),
         ("floor_batch_unary", "bullmq_add"),
+        ("floor_rounds", "bullmq_add"),
     ] {
         if let Some(r) = ratio(a, b) {
             println!("{:<25} = {r:.2}", format!("{a} / {b}"));

@@ -87,6 +87,16 @@
 //!   one HMGET, written with the item in one HSET) in place of HLEN and
 //!   HSETNX. `addmany / floor_counters` is what our add does beyond its
 //!   layout; `floor_counters / floor_fields` is what the counters cost.
+//! - `floor_rounds`: `floor_batch` on `rounds`' items, sent as `rounds`
+//!   sends them: [`ROUND_ITEMS`](shapes::ROUND_ITEMS) to a store call over
+//!   [`ROUND_SHARDS`](shapes::ROUND_SHARDS) shards, a call per lane of shards
+//!   with items and in it a section per shard, each section the frozen
+//!   script run once with its shard's KEYS and ARGV (a function of a
+//!   library that wraps the script's text unchanged; see
+//!   `floors::sections_library`). The floor of the call shape of unary adds
+//!   under load: `rounds / floor_rounds` is what our sections do beyond
+//!   it, and `floor_rounds / floor_batch_unary` what sending the same items
+//!   in sections saves the floor over one call each.
 //! - `floor_rules`: the same items as `every_rule`, with their parcels,
 //!   through `bench/floor/floor_rules.lua`, frozen too: `floor_dedup` plus
 //!   every rule of `every_rule`'s policy (one HMGET and one HSET of a
@@ -157,6 +167,7 @@
 //! compares with it).
 
 mod baseline;
+mod floors;
 mod profiled;
 mod routes;
 mod shapes;
@@ -167,8 +178,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use baseline::{Baseline, MAX_RISE, print_table};
+use floors::run_floor;
 use profiled::{Profiled, RedisBuild, check_tools};
-use routes::{run_floor, run_peer, run_store};
+use routes::{run_peer, run_store};
 use shapes::{PEER_SHAPES, Policies, Route, SHAPES, Shape, policies};
 
 /// Shapes run at once, each on its own Redis (callgrind keeps a process on

@@ -1,61 +1,39 @@
-//! The two routes a shape can take (see [`Route`](super::shapes::Route)):
-//! `Store::add`, with the plain policy or with every rule on, and the frozen
-//! floor script by EVALSHA; each on a profiled Redis, one call at a time,
-//! counting only the calls after a warm-up.
+//! The routes of our shapes and the peer's (see
+//! [`Route`](super::shapes::Route)): `Store::add`, with the plain policy or
+//! with every rule on, and BullMQ; each on a profiled Redis, one call at a
+//! time, counting only the calls after a warm-up. The floors' route is in
+//! [`floors`](super::floors).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::LazyLock;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use batcher::batch::Item;
 use batcher::batch::{AddOutcome, AddResult};
 use batcher::keys::Keyspace;
-use batcher::policy::Policy;
 use batcher::scripts;
 use batcher::store::{NewItem, RedisTarget, Store, Timeouts};
 use redis::aio::MultiplexedConnection;
 
 use super::Measured;
 use super::profiled::{Profiled, connection};
-use super::shapes::{Draw, Floor, Policies, Shape, group_key, sequence};
+use super::shapes::{Draw, Policies, Shape, group_key, sequence};
 use crate::load::{self, PAYLOAD};
 
-/// The frozen floor: see its header.
-static FLOOR: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor.lua")));
-/// The frozen floor with a dedup window: see its header.
-static FLOOR_DEDUP: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_dedup.lua")));
-/// The frozen floor with a dedup window and every rule: see its header.
-static FLOOR_RULES: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_rules.lua")));
-/// The frozen floor with a dedup window and batcher's batch: see its header.
-static FLOOR_BATCH: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_batch.lua")));
-/// The frozen floor with batcher's batch of format 4: see its header.
-static FLOOR_FIELDS: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_fields.lua")));
-/// The frozen floor with batcher's group counters: see its header.
-static FLOOR_COUNTERS: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../floor/floor_counters.lua")));
-/// The dedup window `floor_dedup` runs with: the service's default.
-const FLOOR_WINDOW: Duration = Duration::from_secs(600);
-
-async fn flushall(conn: &mut MultiplexedConnection) -> Result<(), String> {
+pub(super) async fn flushall(conn: &mut MultiplexedConnection) -> Result<(), String> {
     redis::cmd("FLUSHALL")
         .query_async::<()>(conn)
         .await
         .map_err(|e| format!("FLUSHALL: {e}"))
 }
 
-/// The keyspace of a shape of `shards` shards: one for all but `rounds` and
-/// `sharded`, so that one `Store::add` is one script call.
-fn keyspace(shards: u16) -> Keyspace {
+/// The keyspace of a shape of `shards` shards: one for all but `rounds`,
+/// `sharded` and `floor_rounds`, so that one `Store::add` is one script call.
+pub(super) fn keyspace(shards: u16) -> Keyspace {
     Keyspace::new("ins", shards)
 }
 
 /// Milliseconds since the Unix epoch, on the host clock.
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     load::now_micros() / 1000
 }
 
@@ -194,144 +172,6 @@ pub(super) async fn run_store(
         calls,
         instructions,
         batches,
-        spread: None,
-    })
-}
-
-/// The arguments of `floor_rules` before its items: every rule of the
-/// every-rule policy, in ms (the next cutoff after `now`).
-fn rules_args(policy: &Policy, now: u64) -> [u64; 6] {
-    let ms = |d: Option<Duration>| d.map_or(0, |d| d.as_millis() as u64);
-    let cap = |name: &str| policy.capacity.get(name).copied().unwrap_or(u64::MAX);
-    [
-        ms(policy.max_idle),
-        cap("weight_g"),
-        cap("volume_cm3"),
-        policy.cutoffs.as_ref().map_or(0, |c| c.next_after(now)),
-        policy.deadline_lead.as_millis() as u64,
-        ms(policy.max_age),
-    ]
-}
-
-/// A shape through a frozen floor script, one EVALSHA at a time: the
-/// plain policy's items, or with [`Floor::Rules`] the every-rule policy's
-/// with their parcels.
-pub(super) async fn run_floor(
-    redis: &mut Profiled,
-    shape: &Shape,
-    policies: &Policies,
-    floor: Floor,
-) -> Result<Measured, String> {
-    let mut conn = connection(redis.url()).await?;
-    let shard = keyspace(1).shard(0);
-    let rules = floor == Floor::Rules;
-    let dedup = floor != Floor::Plain;
-    let policy = if rules {
-        &policies.rules
-    } else {
-        &policies.plain
-    };
-    let max_wait_ms = policy.max_wait.as_millis() as u64;
-    let script: &redis::Script = match floor {
-        Floor::Plain => &FLOOR,
-        Floor::Dedup => &FLOOR_DEDUP,
-        Floor::Rules => &FLOOR_RULES,
-        Floor::Batch => &FLOOR_BATCH,
-        Floor::Fields => &FLOOR_FIELDS,
-        Floor::Counters => &FLOOR_COUNTERS,
-    };
-    let call = |draws: &[Draw], keys: &dyn Fn(u64) -> String| {
-        let now = now_ms();
-        let mut invocation = script.prepare_invoke();
-        invocation.key(&shard.due).key(&shard.stream);
-        if dedup {
-            invocation.key(&shard.flushed);
-        }
-        let mut groups: HashMap<u64, usize> = HashMap::new();
-        let mut args: Vec<(usize, &Draw)> = Vec::with_capacity(draws.len());
-        for draw in draws {
-            let next = groups.len() + 1;
-            let index = *groups.entry(draw.key).or_insert_with(|| {
-                invocation.key(keyspace(1).group(0, &keys(draw.key)));
-                next
-            });
-            args.push((index, draw));
-        }
-        invocation.arg(policy.max_items).arg(max_wait_ms);
-        if dedup {
-            invocation.arg(FLOOR_WINDOW.as_millis() as u64);
-        }
-        if rules {
-            invocation.arg(&rules_args(policy, now)[..]);
-        }
-        for (index, draw) in args {
-            invocation.arg(index).arg(&draw.id).arg(&PAYLOAD[..]);
-            if rules {
-                let deadline = draw.deadline_s.map_or(0, |s| now + s * 1000);
-                let parcel: Vec<u8> = [draw.weight_g, draw.volume_cm3, deadline]
-                    .iter()
-                    .flat_map(|v| (*v as f64).to_le_bytes())
-                    .collect();
-                invocation.arg(parcel);
-            }
-        }
-        invocation
-    };
-    // Warm-up: loads the script, then leaves Redis empty.
-    script
-        .load_async(&mut conn)
-        .await
-        .map_err(|e| format!("SCRIPT LOAD of the floor: {e}"))?;
-    let warm: Vec<redis::Value> = call(&sequence(1), &|_| "warm-up".into())
-        .invoke_async(&mut conn)
-        .await
-        .map_err(|e| format!("warm-up floor call: {e}"))?;
-    if warm.len() != 1 {
-        return Err("the floor's warm-up call answered nothing".into());
-    }
-    flushall(&mut conn).await?;
-    redis.dump().await?;
-
-    let draws = sequence(shape.items);
-    let keys = |n: u64| group_key(rules, n);
-    let mut calls = 0;
-    let mut added = 0;
-    let mut flushed = 0;
-    for chunk in draws.chunks(shape.per_call) {
-        let reply: Vec<redis::Value> = call(chunk, &keys)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| format!("{}: floor call: {e}", shape.name))?;
-        calls += 1;
-        for value in reply {
-            match value {
-                redis::Value::Int(0) => {}
-                redis::Value::Int(_) => added += 1,
-                _ => {
-                    added += 1;
-                    flushed += 1;
-                }
-            }
-        }
-    }
-    let instructions = redis.dump().await?;
-    if added != shape.items {
-        return Err(format!(
-            "{}: {added} of {} items were added by the floor",
-            shape.name, shape.items
-        ));
-    }
-    Ok(Measured {
-        name: shape.name,
-        checked: shape.checked(),
-        items: shape.items,
-        calls,
-        instructions,
-        // floor_rules does not tell its capacity flushes from its size ones.
-        batches: BTreeMap::from([(
-            if rules { "SIZE or CAPACITY" } else { "SIZE" }.to_string(),
-            flushed,
-        )]),
         spread: None,
     })
 }

@@ -13,7 +13,8 @@ use crate::policies::{DEADLINE_AHEAD_S, DEADLINE_ONE_IN, RULES_CONFIG, VOLUME_CM
 /// `floor_dedup`, `floor_batch`, `floor_fields`, `floor_counters` and
 /// `floor_rules`.
 pub(super) const ITEMS: usize = 10_000;
-/// Items (and calls) of `unary`, `floor_unary` and `floor_batch_unary`.
+/// Items of `unary`, `rounds`, `floor_unary`, `floor_batch_unary` and
+/// `floor_rounds` (and the calls of those of one item a call).
 pub(super) const UNARY_ITEMS: usize = 1_500;
 /// Items per call of the many-item shapes.
 pub(super) const PER_CALL: usize = 100;
@@ -65,7 +66,7 @@ pub(super) struct Shape {
     pub(super) items: usize,
     pub(super) per_call: usize,
     /// Shards of its keyspace: 1, so that a call of the store is one add
-    /// call, but for `rounds` and `sharded`.
+    /// call, but for `rounds`, `sharded` and `floor_rounds`.
     pub(super) shards: u16,
 }
 
@@ -96,7 +97,7 @@ pub(super) const ROUND_ITEMS: usize = 16;
 /// Shards of `rounds` and `sharded`: the service's default.
 pub(super) const ROUND_SHARDS: u16 = 16;
 
-pub(super) const SHAPES: [Shape; 13] = [
+pub(super) const SHAPES: [Shape; 14] = [
     Shape {
         name: "addmany",
         route: Route::Store { rules: false },
@@ -180,6 +181,13 @@ pub(super) const SHAPES: [Shape; 13] = [
         items: UNARY_ITEMS,
         per_call: 1,
         shards: 1,
+    },
+    Shape {
+        name: "floor_rounds",
+        route: Route::Floor(Floor::Batch),
+        items: UNARY_ITEMS,
+        per_call: ROUND_ITEMS,
+        shards: ROUND_SHARDS,
     },
     Shape {
         name: "floor_rules",
