@@ -296,23 +296,8 @@ pub(super) async fn run_floor(
         }
     }
     let instructions = redis.dump().await?;
-    if added != shape.items {
-        return Err(format!(
-            "{}: {added} of {} items were added by the floor",
-            shape.name, shape.items
-        ));
-    }
-    Ok(Measured {
-        name: shape.name,
-        checked: shape.checked(),
-        items: shape.items,
-        calls,
-        instructions,
-        // floor_rules does not tell its capacity flushes from its size ones.
-        batches: BTreeMap::from([(
-            if rules { "SIZE or CAPACITY" } else { "SIZE" }.to_string(),
-            flushed,
-        )]),
-        spread: None,
-    })
+    // floor_rules does not tell its capacity flushes from its size ones.
+    let reason = if rules { "SIZE or CAPACITY" } else { "SIZE" };
+    let batches = BTreeMap::from([(reason.to_string(), flushed)]);
+    Measured::of_shape(shape, "the floor", added, calls, instructions, batches)
 }

@@ -227,6 +227,34 @@ struct Measured {
 }
 
 impl Measured {
+    /// A store or floor shape's figure once its calls ran, or an error
+    /// unless they added every item (`who` added them): with duplicates or
+    /// refusals the count would mean nothing.
+    fn of_shape(
+        shape: &Shape,
+        who: &str,
+        added: usize,
+        calls: usize,
+        instructions: u64,
+        batches: BTreeMap<String, u64>,
+    ) -> Result<Measured, String> {
+        if added != shape.items {
+            return Err(format!(
+                "{}: {added} of {} items were added by {who}; the figure would mean nothing",
+                shape.name, shape.items
+            ));
+        }
+        Ok(Measured {
+            name: shape.name,
+            checked: shape.checked(),
+            items: shape.items,
+            calls,
+            instructions,
+            batches,
+            spread: None,
+        })
+    }
+
     fn per_item(&self) -> f64 {
         self.instructions as f64 / self.items as f64
     }

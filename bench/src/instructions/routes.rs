@@ -159,21 +159,7 @@ pub(super) async fn run_store(
         added += tally(&report.results, &mut batches);
     }
     let instructions = redis.dump().await?;
-    if added != shape.items {
-        return Err(format!(
-            "{}: {added} of {} items were added; the figure would mean nothing",
-            shape.name, shape.items
-        ));
-    }
-    Ok(Measured {
-        name: shape.name,
-        checked: shape.checked(),
-        items: shape.items,
-        calls,
-        instructions,
-        batches,
-        spread: None,
-    })
+    Measured::of_shape(shape, "the store", added, calls, instructions, batches)
 }
 
 /// A peer shape: BullMQ adding `shape.items` jobs, one call at a time, by
