@@ -47,7 +47,7 @@ start_redis() {
 last_json() {
   node -e 'const [file, ...fields] = process.argv.slice(1);
     const j = JSON.parse(require("fs").readFileSync(file, "utf8").trim().split("\n").pop());
-    console.log(fields.map((f) => j[f]).join(" "))' "$@"
+    console.log(fields.map((f) => j[f] ?? "-").join(" "))' "$@"
 }
 
 # floor_counters.lua beside batcher's library: on a fresh redis-server, $2 s
@@ -56,19 +56,26 @@ last_json() {
 # grown), the library then kept ($1 = kept), loaded anew (loaded: its code
 # resident, what its calls made gone) or deleted (FUNCTION DELETE), then
 # the floor as a function of its own in the same Lua VM (floor.mjs --fcall
-# 1) on the same data; its JSON line is appended to $3.
+# 1) on the same data; its JSON line is appended to $3. Arguments after $3
+# go to floor.mjs in place of `--script floor_counters.lua --fcall 1` (e.g.
+# `--script floor_counters.lua --fcall 0`: the floor by EVALSHA, in Redis's
+# script VM, where the library is not).
 floor_beside_library() {
+  local arm=$1 seconds=$2 out=$3
+  shift 3
+  local floor=(--script floor_counters.lua --fcall 1)
+  if [ $# -gt 0 ]; then floor=("$@"); fi
   start_redis
   "$bench" __store_load --redis-port "$redis_port" --redis-pid "$redis_pid" --spread all \
-    --seconds "$2" >&2
-  if [ "$1" = deleted ]; then
+    --seconds "$seconds" >&2
+  if [ "$arm" = deleted ]; then
     for lib in $(redis-cli -p "$redis_port" FUNCTION LIST | grep -o '^batcher_[0-9a-f]*$'); do
       redis-cli -p "$redis_port" FUNCTION DELETE "$lib" >/dev/null
     done
   fi
   local reload=0
-  if [ "$1" = loaded ]; then reload=1; fi
+  if [ "$arm" = loaded ]; then reload=1; fi
   node "$here/floor.mjs" --redis-port "$redis_port" --redis-pid "$redis_pid" \
-    --script floor_counters.lua --fcall 1 --reload-batcher "$reload" | tee -a "$3" >&2
+    "${floor[@]}" --reload-batcher "$reload" | tee -a "$out" >&2
   stop_redis
 }
