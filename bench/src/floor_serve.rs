@@ -99,22 +99,42 @@ impl NamedService for Floor {
     const NAME: &'static str = "batcher.v1.Batcher";
 }
 
-/// Serves the floor until killed; errors end it with a message.
-pub async fn serve(redis_url: &str) -> Result<(), String> {
+/// What a service floor starts from (this one and the AddMany one of
+/// `floor_serve_many.rs`): one multiplexed connection to Redis, and a
+/// loopback listener on a free port, whose address it prints as
+/// `LISTENING <addr>`.
+pub(crate) async fn start(
+    redis_url: &str,
+) -> Result<
+    (
+        redis::aio::MultiplexedConnection,
+        tokio_stream::wrappers::TcpListenerStream,
+    ),
+    String,
+> {
     let client = redis::Client::open(redis_url).map_err(|e| e.to_string())?;
     let redis = client
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| format!("cannot reach Redis: {e}"))?;
-    let script = Arc::new(redis::Script::new(FLOOR_LUA));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| format!("cannot listen: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!("LISTENING {addr}");
+    Ok((
+        redis,
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+    ))
+}
+
+/// Serves the floor until killed; errors end it with a message.
+pub async fn serve(redis_url: &str) -> Result<(), String> {
+    let (redis, incoming) = start(redis_url).await?;
+    let script = Arc::new(redis::Script::new(FLOOR_LUA));
     tonic::transport::Server::builder()
         .add_service(Floor { script, redis })
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .serve_with_incoming(incoming)
         .await
         .map_err(|e| e.to_string())
 }

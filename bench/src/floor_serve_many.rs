@@ -155,20 +155,11 @@ pub async fn serve(redis_url: &str, script: &str) -> Result<(), String> {
             SCRIPT_NAMES.join(", ")
         ));
     };
-    let client = redis::Client::open(redis_url).map_err(|e| e.to_string())?;
-    let redis = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| format!("cannot reach Redis: {e}"))?;
+    let (redis, incoming) = crate::floor_serve::start(redis_url).await?;
     let script = Arc::new(redis::Script::new(code));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| format!("cannot listen: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    println!("LISTENING {addr}");
     tonic::transport::Server::builder()
         .add_service(FloorMany { script, redis })
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .serve_with_incoming(incoming)
         .await
         .map_err(|e| e.to_string())
 }
