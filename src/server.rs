@@ -27,9 +27,15 @@ const HEALTH_EVERY: Duration = Duration::from_secs(1);
 /// How often it re-checks while Redis does not answer.
 const HEALTH_RETRY: Duration = Duration::from_millis(100);
 
-/// The tokio runtime the service runs on: one worker per core, with I/O
-/// and timers, and without the worker's LIFO slot when built with
-/// `--cfg tokio_unstable` (as `.cargo/config.toml` builds it).
+/// The tokio runtime the service runs on: `worker_threads` workers
+/// (`worker_threads` in the config; one by default), with I/O and timers,
+/// and without the worker's LIFO slot when built with `--cfg tokio_unstable`
+/// (as `.cargo/config.toml` builds it).
+///
+/// One worker runs a request, the shard writer it wakes and the connection
+/// that answers it on one thread, so no wake-up crosses threads; in scenario
+/// 2 (unary Add, 64 callers) the service spent about a fifth less CPU per add
+/// with one worker than with two, at the same rate (docs/operations.md).
 ///
 /// The LIFO slot runs a task that another task woke right after the waker,
 /// ahead of every task already queued. When an add round's replies wake the
@@ -38,9 +44,9 @@ const HEALTH_RETRY: Duration = Duration::from_millis(100);
 /// connection runs after the other requests the round woke and writes their
 /// responses together: in scenario 2 (unary Add, 64 callers) the service
 /// spent about a quarter less CPU per add (docs/internals.md).
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+pub fn runtime(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all();
+    builder.worker_threads(worker_threads).enable_all();
     #[cfg(tokio_unstable)]
     builder.disable_lifo_slot();
     builder.build()
@@ -384,7 +390,8 @@ async fn serve_until(
     tasks: &CancellationToken,
     grace: Duration,
 ) -> Result<(), tonic::transport::Error> {
-    tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "serving");
+    let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
+    tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), worker_threads, "serving");
     // Subscriptions are long-lived streams: end them when shutdown starts so
     // the server's graceful stop does not wait on them.
     let stop_streams = {
@@ -512,7 +519,7 @@ mod tests {
                 "built without --cfg tokio_unstable (is RUSTFLAGS set?)"
             )
         };
-        let runtime = super::runtime().expect("runtime");
+        let runtime = super::runtime(1).expect("runtime");
         assert_eq!(runtime.block_on(async { 1 + 1 }), 2);
     }
 }

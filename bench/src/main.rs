@@ -231,6 +231,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use batcher::config::{DEFAULT_WORKER_THREADS, MAX_WORKER_THREADS};
 use clap::{Parser, Subcommand};
 
 use report::Results;
@@ -268,6 +269,11 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = service::SHARDS,
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     shards: u16,
+    /// Run the service on this many threads (`worker_threads`; scenario 9's
+    /// cluster keeps the default), e.g. to measure what a second one costs.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_WORKER_THREADS.get() as u16,
+          value_parser = clap::value_parser!(u16).range(1..=MAX_WORKER_THREADS as i64))]
+    worker_threads: u16,
     /// The frozen floor script of bench/floor/ that row 1c's AddMany
     /// service floor serves (floor_dedup, floor_fields or floor_counters).
     #[arg(long, value_name = "SCRIPT", default_value = floor_serve_many::DEFAULT_SCRIPT,
@@ -344,7 +350,10 @@ fn main() -> ExitCode {
             .redis_url
             .as_deref()
             .unwrap_or("redis://127.0.0.1:6379");
-        print!("{}", service::service_config(url, args.shards));
+        print!(
+            "{}",
+            service::service_config(url, args.shards, args.worker_threads.into())
+        );
         return ExitCode::SUCCESS;
     }
     let threads: usize = std::env::var("BENCH_THREADS")
@@ -406,7 +415,13 @@ async fn bench(args: Args) -> ExitCode {
         (std::process::id() ^ (load::now_micros() as u32)) & 0xffff
     );
     let mut results = Results::new(args.only.clone());
-    let mut env = match Env::start(args.redis_url.clone(), args.service, args.shards).await {
+    let started_env = Env::start(
+        args.redis_url.clone(),
+        args.service,
+        args.shards,
+        args.worker_threads.into(),
+    );
+    let mut env = match started_env.await {
         Ok(env) => env,
         Err(e) => {
             eprintln!("batcher-bench: {e}");
@@ -427,6 +442,12 @@ async fn bench(args: Args) -> ExitCode {
             "The service ran in {} shards (--shards), not the default {}.",
             args.shards,
             service::SHARDS
+        ));
+    }
+    if usize::from(args.worker_threads) != DEFAULT_WORKER_THREADS.get() {
+        results.notes.push(format!(
+            "The service ran on {} threads (--worker-threads), not the default {}.",
+            args.worker_threads, DEFAULT_WORKER_THREADS
         ));
     }
     runner::run_all(&mut results, &mut env, &sizes, &run_tag, args.quick).await;

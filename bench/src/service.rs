@@ -24,11 +24,12 @@ const READY_POLL: Duration = Duration::from_millis(50);
 /// the default of `[redis] shards`.
 pub const SHARDS: u16 = 16;
 
-/// The service config every scenario runs with, in `shards` shards. One
-/// config for all, with a key glob per scenario policy, so that an external
-/// service can run it too.
-pub fn service_config(redis_url: &str, shards: u16) -> String {
-    config_with(&format!("url = \"{redis_url}\""), shards)
+/// The service config every scenario runs with, in `shards` shards, on
+/// `worker_threads` threads. One config for all, with a key glob per
+/// scenario policy, so that an external service can run it too.
+pub fn service_config(redis_url: &str, shards: u16, worker_threads: usize) -> String {
+    let config = config_with(&format!("url = \"{redis_url}\""), shards);
+    format!("worker_threads = {worker_threads}\n{config}")
 }
 
 /// The same config on a Redis Cluster (scenario 9): `[redis] cluster_nodes`
@@ -96,11 +97,13 @@ pub struct Env {
 
 impl Env {
     /// Starts the bench's own Redis unless `redis_url` is given, and parses
-    /// the service config for it, in `shards` shards; no service runs yet.
+    /// the service config for it, in `shards` shards on `worker_threads`
+    /// threads; no service runs yet.
     pub async fn start(
         redis_url: Option<String>,
         external_service: Option<SocketAddr>,
         shards: u16,
+        worker_threads: usize,
     ) -> Result<Env, String> {
         let redis = match redis_url {
             Some(_) => None,
@@ -109,7 +112,7 @@ impl Env {
         let redis_url = redis_url
             .or_else(|| redis.as_ref().map(RedisServer::url))
             .expect("a Redis URL");
-        let config_text = service_config(&redis_url, shards);
+        let config_text = service_config(&redis_url, shards, worker_threads);
         let config = Config::parse(&config_text, "bench")
             .map_err(|e| format!("the bench's own config is invalid: {e}"))?;
         Ok(Env {

@@ -50,25 +50,26 @@ enum Command {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    match batcher::server::runtime() {
-        Ok(runtime) => runtime.block_on(run()),
-        Err(e) => {
-            eprintln!("batcher: cannot start the tokio runtime: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-async fn run() -> ExitCode {
     let (path, listen, http_listen) = match Args::parse().command {
         Command::Serve {
             config,
             listen,
             http_listen,
         } => (config, listen, http_listen),
-        Command::Client(command) => return batcher::cli::run(*command).await,
+        Command::Client(command) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            return match runtime {
+                Ok(runtime) => runtime.block_on(batcher::cli::run(*command)),
+                Err(e) => {
+                    eprintln!("batcher: cannot start the tokio runtime: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
     };
-    let mut config = match &path {
+    let config = match &path {
         Some(path) => match Config::load(path) {
             Ok(config) => config,
             Err(err) => {
@@ -78,6 +79,24 @@ async fn run() -> ExitCode {
         },
         None => Config::default(),
     };
+    // The runtime's size is the config's, so the config is read first.
+    match batcher::server::runtime(config.worker_threads.get()) {
+        Ok(runtime) => runtime.block_on(serve(config, path, listen, http_listen)),
+        Err(e) => {
+            eprintln!("batcher: cannot start the tokio runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Serves the gRPC API with `config` (read from `path`, which a SIGHUP
+/// reads again), `listen` and `http_listen` overriding its listeners.
+async fn serve(
+    mut config: Config,
+    path: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    http_listen: Option<SocketAddr>,
+) -> ExitCode {
     // Traces over OTLP when the OTEL_* environment asks (docs/tracing.md).
     let telemetry = match Telemetry::from_env() {
         Ok(telemetry) => telemetry,

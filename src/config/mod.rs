@@ -135,6 +135,11 @@ pub const DEFAULT_TRIM_EVERY: Duration = Duration::from_secs(60);
 pub const DEFAULT_SUBSCRIPTIONS_BUFFER: NonZeroUsize = nzsize(1024);
 /// Default `shutdown_grace`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Default `worker_threads`: one, which serves a Redis's worth of adds at
+/// the least CPU per add (docs/operations.md).
+pub const DEFAULT_WORKER_THREADS: NonZeroUsize = nzsize(1);
+/// Most `worker_threads` the service may ask for.
+pub const MAX_WORKER_THREADS: usize = 256;
 
 /// Most shards `redis.shards` may ask for.
 pub const MAX_SHARDS: u16 = 1024;
@@ -157,6 +162,9 @@ pub struct Config {
     /// Address the gRPC server binds; an IP and port, not a host name, so that
     /// startup never depends on name resolution.
     pub listen: SocketAddr,
+    /// The threads of the runtime that serves every call, stream and
+    /// background task. Read at start-up only.
+    pub worker_threads: NonZeroUsize,
     /// Where the state lives.
     pub redis: RedisConfig,
     /// The flush policy of every key no `[keys."..."]` table matches, and the
@@ -193,6 +201,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: DEFAULT_LISTEN,
+            worker_threads: DEFAULT_WORKER_THREADS,
             redis: RedisConfig::default(),
             defaults: PolicyDefaults::default(),
             keys: BTreeMap::new(),

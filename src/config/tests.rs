@@ -73,6 +73,7 @@ fn example_parses() {
     // Everything not in the file is at its default.
     assert_eq!(c.limits, Limits::default());
     assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+    assert_eq!(c.worker_threads.get(), 1);
 }
 
 /// The config block of docs/configuration.md parses, and spells out every
@@ -428,6 +429,10 @@ fn type_errors_name_table_field_line() {
             "batcher.toml: [top level] listen: invalid socket address syntax",
         ),
         (
+            "worker_threads = 0\n",
+            "batcher.toml: [top level] worker_threads: invalid value: integer `0`, expected a nonzero usize",
+        ),
+        (
             "[redis]\nshards = 0\n",
             "batcher.toml: [redis] shards: invalid value: integer `0`, expected a nonzero u16",
         ),
@@ -474,6 +479,10 @@ fn type_errors_name_table_field_line() {
 #[test]
 fn rule_errors_name_table_field_line() {
     assert_rejected(&[
+        (
+            "worker_threads = 257\n",
+            "batcher.toml: [top level] worker_threads: must be from 1 to 256, got 257 (line 1, column 1)",
+        ),
         (
             "[redis]\nshards = 1025\n",
             "batcher.toml: [redis] shards: must be between 1 and 1024, got 1025 (line 2, column 1)",

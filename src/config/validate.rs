@@ -26,7 +26,7 @@ use bytesize::ByteSize;
 
 use super::{
     Config, KeyPolicy, Limits, MAX_ID_BYTES_LIMIT, MAX_PAYLOAD_BYTES_LIMIT, MAX_SHARDS,
-    MAX_WAIT_LIMIT, PolicyDefaults, RedisConfig,
+    MAX_WAIT_LIMIT, MAX_WORKER_THREADS, PolicyDefaults, RedisConfig,
 };
 use crate::policy::{MAX_CAPACITY_MEASURES, MAX_MEASURE, measure_name_ok};
 
@@ -65,6 +65,15 @@ fn ensure(
 /// Checks every rule but the guard-rail tables' (`guard::check`); the
 /// first one broken is the error.
 pub(super) fn check(config: &Config) -> Result<(), Violation> {
+    ensure(
+        config.worker_threads.get() <= MAX_WORKER_THREADS,
+        &[],
+        "worker_threads",
+        || {
+            let got = config.worker_threads;
+            format!("must be from 1 to {MAX_WORKER_THREADS}, got {got}")
+        },
+    )?;
     limits(&config.limits)?;
     redis(&config.redis)?;
     durations(config)?;

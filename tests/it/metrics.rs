@@ -278,6 +278,31 @@ async fn json_logs_have_a_line_per_flush_without_payloads() {
     assert!(log.contains("serving http"), "{log}");
 }
 
+/// `worker_threads` sizes the service's runtime: the runtime itself reports
+/// 3 workers in the "serving" line when the file asks for 3, and 1 when the
+/// file leaves the field out.
+#[tokio::test]
+async fn worker_threads_sizes_the_runtime() {
+    let redis = RedisServer::start();
+    for (field, want) in [("worker_threads = 3\n", 3), ("", 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("batcher.toml");
+        let extra = format!("{field}[log]\nformat = \"json\"\n");
+        std::fs::write(&path, config_text(&redis.url(), &extra)).unwrap();
+        let process = support::serve(&path, dir.path()).start().await;
+        let line = eventually("the serving line", || {
+            let log = process.log();
+            async move {
+                complete_lines(&log)
+                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                    .find(|l| l["message"] == "serving")
+            }
+        })
+        .await;
+        assert_eq!(line["worker_threads"], want, "{field:?}: {line}");
+    }
+}
+
 /// The lines of `log` that the process has finished writing.
 fn complete_lines(log: &str) -> impl Iterator<Item = &str> {
     log.rsplit_once('\n').map_or("", |(done, _)| done).lines()
