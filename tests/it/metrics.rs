@@ -11,7 +11,9 @@ use crate::support;
 use std::net::SocketAddr;
 
 use crate::support::scrape::{Scrape, scrape};
-use crate::support::{RedisServer, add, config_text, eventually, next_batch, process_with};
+use crate::support::{
+    Process, RedisServer, add, config_text, eventually, next_batch, process_with,
+};
 use batcher::metrics::FAMILIES;
 use batcher::pb;
 
@@ -254,15 +256,7 @@ async fn json_logs_have_a_line_per_flush_without_payloads() {
         .unwrap()
         .into_inner();
     let batch_id = reply.flushed.expect("a size flush").id;
-    let line = eventually("the flush's log line", || {
-        let log = process.log();
-        async move {
-            complete_lines(&log)
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .find(|l| l["message"] == "flushed")
-        }
-    })
-    .await;
+    let line = json_line(&process, "flushed").await;
     assert_eq!(line["level"], "DEBUG", "{line}");
     assert_eq!(line["key"], "depot-7", "{line}");
     assert_eq!(line["reason"], "SIZE", "{line}");
@@ -290,17 +284,23 @@ async fn worker_threads_sizes_the_runtime() {
         let extra = format!("{field}[log]\nformat = \"json\"\n");
         std::fs::write(&path, config_text(&redis.url(), &extra)).unwrap();
         let process = support::serve(&path, dir.path()).start().await;
-        let line = eventually("the serving line", || {
-            let log = process.log();
-            async move {
-                complete_lines(&log)
-                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                    .find(|l| l["message"] == "serving")
-            }
-        })
-        .await;
+        let line = json_line(&process, "serving").await;
         assert_eq!(line["worker_threads"], want, "{field:?}: {line}");
     }
+}
+
+/// The first JSON line of `process`'s log whose message is `message`,
+/// waited for.
+async fn json_line(process: &Process, message: &str) -> serde_json::Value {
+    eventually(&format!("the {message:?} log line"), || {
+        let log = process.log();
+        async move {
+            complete_lines(&log)
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|l| l["message"] == message)
+        }
+    })
+    .await
 }
 
 /// The lines of `log` that the process has finished writing.
