@@ -35,7 +35,8 @@ const HEALTH_RETRY: Duration = Duration::from_millis(100);
 /// One worker runs a request, the shard writer it wakes and the connection
 /// that answers it on one thread, so no wake-up crosses threads; in scenario
 /// 2 (unary Add, 64 callers) the service spent about a fifth less CPU per add
-/// with one worker than with two, at the same rate (docs/operations.md).
+/// with one worker than with two, at 0.90-0.99x the rate, and AddMany ran a
+/// little faster (docs/operations.md#threads).
 ///
 /// The LIFO slot runs a task that another task woke right after the waker,
 /// ahead of every task already queued. When an add round's replies wake the
@@ -491,10 +492,25 @@ async fn reload_on_sighup(
             _ = shutdown.cancelled() => return,
             _ = hangups.recv() => {}
         }
-        match Config::load(&path) {
-            Ok(config) => {
-                if let Some(policies) = &policies {
-                    policies.replace(config.policies());
+        // Reading and compiling a large file takes a while; on a thread of
+        // the blocking pool, the runtime's worker goes on serving calls.
+        let file = path.clone();
+        let compile = policies.is_some();
+        let loaded = tokio::task::spawn_blocking(move || {
+            Config::load(&file).map(|config| (compile.then(|| config.policies()), config))
+        })
+        .await;
+        let loaded = match loaded {
+            Ok(loaded) => loaded,
+            Err(err) => {
+                tracing::error!(%err, "config reload failed; keeping the config in force");
+                continue;
+            }
+        };
+        match loaded {
+            Ok((compiled, config)) => {
+                if let (Some(policies), Some(compiled)) = (&policies, compiled) {
+                    policies.replace(compiled);
                 }
                 tls::reload(edge.tls.as_ref(), config.tls.as_ref());
                 edge.auth.reload(config.auth.as_ref());
