@@ -161,7 +161,7 @@ impl PolicyStore {
             drop(copy);
             self.seed().await?;
         } else {
-            self.put_in_force(&copy)?;
+            self.put_in_force(&copy).await?;
         }
         self.inner.loaded.store(true, Ordering::Release);
         Ok(())
@@ -184,7 +184,7 @@ impl PolicyStore {
             }) => {
                 let mut copy = self.inner.copy.lock().await;
                 self.catch_up(&mut copy).await?;
-                self.put_in_force(&copy)
+                self.put_in_force(&copy).await
             }
             Err(err) => Err(err),
         }
@@ -229,7 +229,7 @@ impl PolicyStore {
     pub async fn refresh(&self) -> Result<u64, Error> {
         let mut copy = self.inner.copy.lock().await;
         if let Some(moved) = self.catch_up(&mut copy).await?
-            && let Some(follow) = self.apply(&moved, &copy)?
+            && let Some(follow) = self.apply(&moved, &copy).await?
         {
             tokio::spawn(follow);
         }
@@ -291,7 +291,7 @@ impl PolicyStore {
         // script then refuses ours, and we compute it again on the new state.
         for _ in 0..8 {
             if let Some(moved) = self.catch_up(&mut copy).await?
-                && let Some(follow) = self.apply(&moved, &copy)?
+                && let Some(follow) = self.apply(&moved, &copy).await?
             {
                 tokio::spawn(follow);
             }
@@ -302,7 +302,7 @@ impl PolicyStore {
             let written = self.write(&copy, &plan, who, reason).await?;
             if let crate::store::Written::At { revision, .. } = written {
                 let follow = match self.catch_up(&mut copy).await? {
-                    Some(moved) => self.apply(&moved, &copy)?,
+                    Some(moved) => self.apply(&moved, &copy).await?,
                     None => None,
                 };
                 let changed = plan.changed(revision, &copy);
@@ -450,7 +450,7 @@ impl PolicyStore {
     /// Puts `copy` in force (`moved` says what changed in it), and returns
     /// the work that brings open groups under it when it may shorten a
     /// `max_wait`.
-    fn apply(
+    async fn apply(
         &self,
         moved: &Moved,
         copy: &Snapshot,
@@ -463,7 +463,7 @@ impl PolicyStore {
         if in_force == *from && !docs.contains_key(DEFAULTS) {
             self.put_changes_in_force(copy, docs.keys())?;
         } else {
-            self.put_in_force(copy)?;
+            self.put_in_force(copy).await?;
         }
         let new = self.inner.handle.current();
         let pairs = docs
@@ -527,14 +527,25 @@ impl PolicyStore {
         tracing::debug!(revision = copy.revision, "policies in force");
     }
 
-    /// Swaps `copy`'s policies in for the add path, whole.
-    fn put_in_force(&self, copy: &Snapshot) -> Result<(), Error> {
-        let config = self
-            .inner
-            .base
-            .with_policies(&copy.defaults(), copy.patterns())
-            .map_err(|violation| self.breaks_limits(copy, &violation))?;
-        let policies: Policies = config.policies();
+    /// Swaps `copy`'s policies in for the add path, whole. The table is
+    /// built on the blocking pool: for a large store it takes a while, and
+    /// the runtime's worker goes on serving calls meanwhile.
+    async fn put_in_force(&self, copy: &Snapshot) -> Result<(), Error> {
+        let inner = Arc::clone(&self.inner);
+        let snapshot = copy.clone();
+        let built = tokio::task::spawn_blocking(move || {
+            let config = inner
+                .base
+                .with_policies(&snapshot.defaults(), snapshot.patterns())?;
+            Ok(config.policies())
+        })
+        .await
+        .map_err(|err| {
+            // Only a runtime shutting down cancels it.
+            let message = format!("the policy table was not built: {err}");
+            Error::refused(Code::Unavailable, "SHUTTING_DOWN", message)
+        })?;
+        let policies: Policies = built.map_err(|violation| self.breaks_limits(copy, &violation))?;
         self.inner.handle.replace(policies);
         self.in_force(copy);
         Ok(())
