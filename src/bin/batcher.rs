@@ -60,13 +60,7 @@ fn main() -> ExitCode {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();
-            return match runtime {
-                Ok(runtime) => runtime.block_on(batcher::cli::run(*command)),
-                Err(e) => {
-                    eprintln!("batcher: cannot start the tokio runtime: {e}");
-                    ExitCode::FAILURE
-                }
-            };
+            return block_on(runtime, batcher::cli::run(*command));
         }
     };
     let config = match &path {
@@ -80,8 +74,17 @@ fn main() -> ExitCode {
         None => Config::default(),
     };
     // The runtime's size is the config's, so the config is read first.
-    match batcher::server::runtime(config.worker_threads.get()) {
-        Ok(runtime) => runtime.block_on(serve(config, path, listen, http_listen)),
+    let runtime = batcher::server::runtime(config.worker_threads.get());
+    block_on(runtime, serve(config, path, listen, http_listen))
+}
+
+/// Runs `main` on `runtime`, or says why the runtime did not start.
+fn block_on(
+    runtime: std::io::Result<tokio::runtime::Runtime>,
+    main: impl Future<Output = ExitCode>,
+) -> ExitCode {
+    match runtime {
+        Ok(runtime) => runtime.block_on(main),
         Err(e) => {
             eprintln!("batcher: cannot start the tokio runtime: {e}");
             ExitCode::FAILURE
