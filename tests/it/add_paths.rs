@@ -330,3 +330,58 @@ async fn a_call_of_ten_thousand_items_leaves_the_lua_heap_small() {
         "the functions' Lua heap holds {heap} bytes after the call"
     );
 }
+
+/// A group opened under a limit on open groups, whose policy a reload
+/// then made usual (no limit), leaves the open-group index when a usual
+/// add fills it: the usual path's flush takes it out of the index, so the
+/// limit counts only open groups.
+#[tokio::test]
+async fn a_group_opened_under_a_limit_leaves_the_index_when_a_usual_add_flushes_it() {
+    let limited = Policy {
+        max_groups: 100,
+        scope: Some("area-*".into()),
+        ..Policy::basic(3, Duration::from_secs(3600), None)
+    };
+    let usual = Policy::basic(3, Duration::from_secs(3600), None);
+    let redis = RedisServer::start();
+    let store = open(&redis, &limited);
+    let add = |id: &str, policy: &Policy| NewItem {
+        key: "area-1".into(),
+        item: Item::new(id, b"p".to_vec()),
+        policy: policy.clone(),
+        close: false,
+        requeue_of: None,
+    };
+    store.add(vec![add("a", &limited)]).await.expect("add");
+    assert_eq!(
+        indexed(&store, "area-*").await,
+        1,
+        "the group is in the index"
+    );
+    let report = store
+        .add(vec![add("b", &usual), add("c", &usual)])
+        .await
+        .expect("add");
+    assert_eq!(
+        report.results[1].flushed.len(),
+        1,
+        "the third item filled the group"
+    );
+    let ids: Vec<_> = report.results[1].flushed[0]
+        .items
+        .iter()
+        .map(|i| i.id.clone())
+        .collect();
+    assert_eq!(ids, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+    assert_eq!(
+        indexed(&store, "area-*").await,
+        0,
+        "the flushed group left the index"
+    );
+}
+
+/// The groups open in `scope`'s part of the open-group index.
+async fn indexed(store: &batcher::store::Store, scope: &str) -> u64 {
+    let stats = store.open_limit_stats(&[scope]).await.expect("stats");
+    stats.per_scope[0]
+}
