@@ -231,7 +231,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use batcher::config::{DEFAULT_WORKER_THREADS, MAX_WORKER_THREADS};
+use batcher::config::{MAX_WORKER_THREADS, default_worker_threads};
 use clap::{Parser, Subcommand};
 
 use report::Results;
@@ -271,7 +271,7 @@ struct Args {
     shards: u16,
     /// Run the service on this many threads (`worker_threads`; scenario 9's
     /// cluster keeps the default), e.g. to measure what a second one costs.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_WORKER_THREADS.get() as u16,
+    #[arg(long, value_name = "N", default_value_t = default_worker_threads().get() as u16,
           value_parser = clap::value_parser!(u16).range(1..=MAX_WORKER_THREADS as i64))]
     worker_threads: u16,
     /// The frozen floor script of bench/floor/ that row 1c's AddMany
@@ -444,10 +444,11 @@ async fn bench(args: Args) -> ExitCode {
             service::SHARDS
         ));
     }
-    if usize::from(args.worker_threads) != DEFAULT_WORKER_THREADS.get() {
+    if usize::from(args.worker_threads) != default_worker_threads().get() {
         results.notes.push(format!(
-            "The service ran on {} threads (--worker-threads), not the default {}.",
-            args.worker_threads, DEFAULT_WORKER_THREADS
+            "The service ran on {} threads (--worker-threads), not the default {} (one per core).",
+            args.worker_threads,
+            default_worker_threads()
         ));
     }
     runner::run_all(&mut results, &mut env, &sizes, &run_tag, args.quick).await;

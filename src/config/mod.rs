@@ -135,11 +135,16 @@ pub const DEFAULT_TRIM_EVERY: Duration = Duration::from_secs(60);
 pub const DEFAULT_SUBSCRIPTIONS_BUFFER: NonZeroUsize = nzsize(1024);
 /// Default `shutdown_grace`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// Default `worker_threads`: one, which serves a Redis's worth of adds at
-/// the least CPU per add (docs/operations.md).
-pub const DEFAULT_WORKER_THREADS: NonZeroUsize = nzsize(1);
 /// Most `worker_threads` the service may ask for.
 pub const MAX_WORKER_THREADS: usize = 256;
+
+/// Default `worker_threads`: one per core the service may run on, at most
+/// [`MAX_WORKER_THREADS`]. One thread costs a unary add less CPU, but it
+/// delivers batches to many subscribers later (docs/operations.md#threads).
+pub fn default_worker_threads() -> NonZeroUsize {
+    let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+    NonZeroUsize::new(cores.min(MAX_WORKER_THREADS)).unwrap_or(NonZeroUsize::MIN)
+}
 
 /// Most shards `redis.shards` may ask for.
 pub const MAX_SHARDS: u16 = 1024;
@@ -201,7 +206,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: DEFAULT_LISTEN,
-            worker_threads: DEFAULT_WORKER_THREADS,
+            worker_threads: default_worker_threads(),
             redis: RedisConfig::default(),
             defaults: PolicyDefaults::default(),
             keys: BTreeMap::new(),
