@@ -73,7 +73,6 @@ fn example_parses() {
     // Everything not in the file is at its default.
     assert_eq!(c.limits, Limits::default());
     assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
-    assert_eq!(c.worker_threads, crate::config::default_worker_threads());
     assert_eq!(
         c.worker_threads,
         std::thread::available_parallelism().unwrap(),
