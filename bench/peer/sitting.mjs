@@ -4,7 +4,7 @@
 // this sitting alone (times) and the instruction counts taken right after it.
 //
 //   node sitting.mjs --figs F --peer-jsonl F --service F
-//     [--instructions F --into BENCHMARKS.md --commit C --pairs N --shards N]
+//     [--instructions F --into BENCHMARKS.md --commit C --pairs N --shards N --worker-threads N]
 //
 // --figs: one line per pair and shape, "pair shape rate µs peer_rate peer_µs"
 // (batcher's or a floor's rate and Redis CPU per item, then the same pair's
@@ -12,7 +12,8 @@
 // service CPU per unary add of scenario 2 and of the frozen service floor
 // under the same load. --instructions: `batcher-bench instructions --peer
 // --json`'s file. --shards N: the sitting also ran rows 1 and 2 in N
-// shards (bench/peer/run --shards). Prints the every-pair table; with --into, replaces the
+// shards (bench/peer/run --shards). --worker-threads N: batcher's service
+// ran on N threads (bench/peer/run --worker-threads). Prints the every-pair table; with --into, replaces the
 // section between the markers that batcher-bench keeps (or puts it before
 // "## Charts" when the file has none).
 
@@ -116,7 +117,8 @@ function render() {
   const out = [
     '## Against BullMQ and the frozen floors, in one sitting',
     '',
-    `\`bench/peer/run --pairs ${flags.pairs}${flags.shards ? ` --shards ${flags.shards}` : ''}\` at ${flags.commit}, ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, ` +
+    `\`bench/peer/run --pairs ${flags.pairs}${flags.shards ? ` --shards ${flags.shards}` : ''}` +
+      `${flags['worker-threads'] ? ` --worker-threads ${flags['worker-threads']}` : ''}\` at ${flags.commit}, ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, ` +
       `BullMQ ${version}: batcher's scenarios 1 and 2, BullMQ's \`addBulk\` and \`add\` and the frozen floors ` +
       '(`bench/floor/`), alternating, each on a fresh redis-server started the same way. Only ratios within a ' +
       'pair are compared. The floors beside each target are the least that code does in the same pair: ' +
