@@ -6,7 +6,7 @@
 //! `batcher-bench __floor_serve --redis-url URL` serves `/batcher.v1.Batcher/Add`
 //! on a free loopback port (printing `LISTENING <addr>`, as `__serve` does)
 //! with tonic's default server and prost's codec, and nothing else: no
-//! layers, no validation, no metrics. Each call is one `EVALSHA` of
+//! layers, no validation, no metrics (Nagle's algorithm off, see [`start`]). Each call is one `EVALSHA` of
 //! `bench/floor/floor.lua` (max_items 10, max_wait 60 s) on one multiplexed
 //! redis-rs connection, with the item's key, id and payload, and replies
 //! `ADDED` or `DUPLICATE`. Every other method is `UNIMPLEMENTED`. Row 2c of
@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use batcher::pb;
+use tokio_stream::wrappers::TcpListenerStream;
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
@@ -102,17 +103,26 @@ impl NamedService for Floor {
 /// What a service floor starts from (this one and the AddMany one of
 /// `floor_serve_many.rs`): one multiplexed connection to Redis, and a
 /// loopback listener on a free port, whose address it prints as
-/// `LISTENING <addr>`.
+/// `LISTENING <addr>`. Both sides have Nagle's algorithm off
+/// (`TCP_NODELAY`), as any service must that answers small replies: with
+/// it on, a reply written in parts waits for the peer's delayed ACK, and
+/// the AddMany floor served scenario 1 at a third of its rate, its Redis
+/// half idle (docs/benchmarks.md, "The service, against a frozen service
+/// floor").
 pub(crate) async fn start(
     redis_url: &str,
 ) -> Result<
     (
         redis::aio::MultiplexedConnection,
-        tokio_stream::wrappers::TcpListenerStream,
+        impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static,
     ),
     String,
 > {
-    let client = redis::Client::open(redis_url).map_err(|e| e.to_string())?;
+    let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
+    let info = redis::IntoConnectionInfo::into_connection_info(redis_url)
+        .map_err(|e| e.to_string())?
+        .set_tcp_settings(tcp);
+    let client = redis::Client::open(info).map_err(|e| e.to_string())?;
     let redis = client
         .get_multiplexed_async_connection()
         .await
@@ -124,7 +134,9 @@ pub(crate) async fn start(
     println!("LISTENING {addr}");
     Ok((
         redis,
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        tokio_stream::StreamExt::map(TcpListenerStream::new(listener), |accepted| {
+            accepted.and_then(|stream| stream.set_nodelay(true).map(|()| stream))
+        }),
     ))
 }
 
