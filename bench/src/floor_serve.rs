@@ -6,12 +6,13 @@
 //! `batcher-bench __floor_serve --redis-url URL` serves `/batcher.v1.Batcher/Add`
 //! on a free loopback port (printing `LISTENING <addr>`, as `__serve` does)
 //! with tonic's default server and prost's codec, and nothing else: no
-//! layers, no validation, no metrics (Nagle's algorithm off, see [`start`]). Each call is one `EVALSHA` of
-//! `bench/floor/floor.lua` (max_items 10, max_wait 60 s) on one multiplexed
-//! redis-rs connection, with the item's key, id and payload, and replies
-//! `ADDED` or `DUPLICATE`. Every other method is `UNIMPLEMENTED`. Row 2c of
-//! the bench drives it with scenario 2's load, so the service's CPU per add
-//! can be read beside what the stack alone costs on the same machine.
+//! layers, no validation, no metrics (Nagle's algorithm off, see [`start`]).
+//! Each call is one `EVALSHA` of `bench/floor/floor.lua` (max_items 10,
+//! max_wait 60 s) on one multiplexed redis-rs connection, with the item's
+//! key, id and payload, and replies `ADDED` or `DUPLICATE`. Every other
+//! method is `UNIMPLEMENTED`. Row 2c of the bench drives it with scenario
+//! 2's load, so the service's CPU per add can be read beside what the stack
+//! alone costs on the same machine.
 
 use std::convert::Infallible;
 use std::future::Future;
