@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use batcher::pb;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::server::{Grpc, NamedService, UnaryService};
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
@@ -112,13 +112,7 @@ impl NamedService for Floor {
 /// floor").
 pub(crate) async fn start(
     redis_url: &str,
-) -> Result<
-    (
-        redis::aio::MultiplexedConnection,
-        impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static,
-    ),
-    String,
-> {
+) -> Result<(redis::aio::MultiplexedConnection, TcpIncoming), String> {
     let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
     let info = redis::IntoConnectionInfo::into_connection_info(redis_url)
         .map_err(|e| e.to_string())?
@@ -133,12 +127,7 @@ pub(crate) async fn start(
         .map_err(|e| format!("cannot listen: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!("LISTENING {addr}");
-    Ok((
-        redis,
-        tokio_stream::StreamExt::map(TcpListenerStream::new(listener), |accepted| {
-            accepted.and_then(|stream| stream.set_nodelay(true).map(|()| stream))
-        }),
-    ))
+    Ok((redis, TcpIncoming::from(listener).with_nodelay(Some(true))))
 }
 
 /// Serves the floor until killed; errors end it with a message.

@@ -58,7 +58,7 @@ impl Cursor {
         out.push_str(Self::VERSION);
         for id in &self.0 {
             // Writing into a String cannot fail.
-            let _ = write!(out, ".{}-{}", id.ms, id.seq);
+            let _ = write!(out, ".{id}");
         }
         out
     }
