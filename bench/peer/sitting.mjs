@@ -3,14 +3,17 @@
 // judges the add path's targets against BullMQ and the frozen floors, from
 // this sitting alone (times) and the instruction counts taken right after it.
 //
-//   node sitting.mjs --figs F --peer-jsonl F --service F
+//   node sitting.mjs --figs F --peer-jsonl F --service F [--machine F]
 //     [--instructions F --into BENCHMARKS.md --commit C --pairs N --shards N --worker-threads N]
 //
 // --figs: one line per pair and shape, "pair shape rate µs peer_rate peer_µs"
 // (batcher's or a floor's rate and Redis CPU per item, then the same pair's
 // BullMQ run). --service: one line per pair, "pair ours_µs floor_µs", the
 // service CPU per unary add of scenario 2 and of the frozen service floor
-// under the same load. --instructions: `batcher-bench instructions --peer
+// under the same load. --machine: one line per pair, "pair ours_busy
+// ours_µs floor_busy floor_µs peer_busy peer_µs", the percent of a core
+// that every process of the run kept busy and the machine's CPU per unary
+// add, of scenario 2, the frozen service floor and BullMQ's add. --instructions: `batcher-bench instructions --peer
 // --json`'s file. --shards N: the sitting also ran rows 1 and 2 in N
 // shards (bench/peer/run --shards). --worker-threads N: batcher's service
 // ran on N threads (bench/peer/run --worker-threads). Prints the every-pair table; with --into, replaces the
@@ -103,6 +106,20 @@ function render() {
       `--spread 8\`): ${of('Add/add').map((r, j) => x(r.cr / shaped[j].cr)).join(', ')}; that floor over the ` +
       `same 13 adds a call in one shard's section (\`floor_batch×13\`), what the sections cost: ` +
       `${shaped.map((r, j) => x(r.us / of('floor_batch×13/add')[j].us)).join(', ')}.`);
+  }
+  if (flags.machine) {
+    // "pair ours_busy ours_µs floor_busy floor_µs peer_busy peer_µs" (bench/peer/run's service_floor).
+    const machine = readFileSync(flags.machine, 'utf8').trim().split('\n')
+      .map((l) => l.trim().split(/\s+/).map(Number));
+    const each = (k, fmt) => machine.map((m) => fmt(m[k])).join(', ');
+    const pct = (v) => `${v.toFixed(0)}%`;
+    after.push('', 'The machine\'s CPU per unary add, pair by pair: the CPU time of every process of the run over ' +
+      'the window, over the adds (ours and the service floor: Redis, the service and the bench\'s 64 callers; ' +
+      `BullMQ's \`add\`: Redis and its Node process): ours ${each(2, us)}, with ${each(1, pct)} of a core busy; ` +
+      `the service floor ${each(4, us)}, with ${each(3, pct)}; BullMQ's \`add\` ${each(6, us)}, with ` +
+      `${each(5, pct)}. So the service floor's whole stack costs ${machine.map((m) => x(m[4] / m[6])).join(', ')} what BullMQ's \`add\` costs this machine ` +
+      'per add, and on two cores shared by every process a rate above BullMQ\'s needs less CPU per add than it. ' +
+      `Ours costs ${machine.map((m) => x(m[2] / m[4])).join(', ')} the service floor.`);
   }
   if (flags.shards) {
     const n = flags.shards, many = `AddMany_${n}_shards/addBulk`, unary = `Add_${n}_shards/add`;
