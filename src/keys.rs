@@ -17,6 +17,9 @@ pub struct Keyspace {
     prefix: String,
     /// Each shard's hash tag, braces included.
     tags: std::sync::Arc<[String]>,
+    /// Each shard's shard-wide keys, named once: the add path names them
+    /// on every call.
+    shard_keys: std::sync::Arc<[ShardKeys]>,
 }
 
 /// The keys that make up one shard.
@@ -41,9 +44,22 @@ impl Keyspace {
     /// `{` or `}` (the config checks that), or the hash tag would break.
     pub fn new(prefix: &str, shards: u16) -> Keyspace {
         assert!(shards > 0, "shards must be at least 1");
+        let tags: std::sync::Arc<[String]> =
+            (0..shards).map(|s| spread_tag(prefix, s, shards)).collect();
+        let shard_keys = tags
+            .iter()
+            .map(|tag| ShardKeys {
+                due: format!("{tag}:due"),
+                stream: format!("{tag}:batches"),
+                flushed: format!("{tag}:flushed"),
+                requeued: format!("{tag}:requeued"),
+                open_index: format!("{tag}:open"),
+            })
+            .collect();
         Keyspace {
             prefix: prefix.to_owned(),
-            tags: (0..shards).map(|s| spread_tag(prefix, s, shards)).collect(),
+            tags,
+            shard_keys,
         }
     }
 
@@ -76,14 +92,12 @@ impl Keyspace {
 
     /// The shard-wide keys.
     pub fn shard(&self, shard: u16) -> ShardKeys {
-        let tag = self.tag(shard);
-        ShardKeys {
-            due: format!("{tag}:due"),
-            stream: format!("{tag}:batches"),
-            flushed: format!("{tag}:flushed"),
-            requeued: format!("{tag}:requeued"),
-            open_index: format!("{tag}:open"),
-        }
+        self.shard_keys(shard).clone()
+    }
+
+    /// The shard-wide keys, borrowed.
+    pub fn shard_keys(&self, shard: u16) -> &ShardKeys {
+        &self.shard_keys[usize::from(shard)]
     }
 
     /// The data format marker: the format of everything under the prefix
@@ -116,7 +130,12 @@ impl Keyspace {
 
     /// The hash holding one open group's metadata and items.
     pub fn group(&self, shard: u16, key: &str) -> String {
-        format!("{}:g:{key}", self.tag(shard))
+        let tag = &self.tags[usize::from(shard)];
+        let mut name = String::with_capacity(tag.len() + 3 + key.len());
+        name.push_str(tag);
+        name.push_str(":g:");
+        name.push_str(key);
+        name
     }
 
     /// The policy store's keys. They share the tag `{<prefix>:policies}`,

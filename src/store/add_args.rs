@@ -200,12 +200,14 @@ impl<'a> AddArgs<'a> {
         } else {
             0
         };
-        let shard = self.keyspace.shard(self.shard);
+        let shard = self.keyspace.shard_keys(self.shard);
         let mut keys = Vec::with_capacity(5 + self.group_keys.len());
-        keys.extend([shard.due, shard.stream, shard.flushed, shard.open_index]);
+        keys.extend(
+            [&shard.due, &shard.stream, &shard.flushed, &shard.open_index].map(String::clone),
+        );
         keys.extend(self.group_keys);
         if self.requeued {
-            keys.push(shard.requeued);
+            keys.push(shard.requeued.clone());
         }
         let per_item = 2 + usize::from(numbered) + usize::from(self.exts);
         let shape = if numbered {

@@ -275,8 +275,12 @@ impl Code<'_> {
     /// The command that runs it: `FCALL` or `EVALSHA`, with its keys and arguments.
     fn command(&self, keys: &[&str], args: &[Vec<u8>]) -> Cmd {
         let mut cmd = match self {
-            Code::Function(function) => redis::cmd("FCALL").arg(function.name()).to_owned(),
-            Code::Script(script) => redis::cmd("EVALSHA").arg(script.get_hash()).to_owned(),
+            Code::Function(_) => redis::cmd("FCALL"),
+            Code::Script(_) => redis::cmd("EVALSHA"),
+        };
+        match self {
+            Code::Function(function) => cmd.arg(function.name()),
+            Code::Script(script) => cmd.arg(script.get_hash()),
         };
         cmd.arg(keys.len()).arg(keys).arg(args);
         cmd

@@ -179,7 +179,8 @@ use std::time::Instant;
 
 use baseline::{Baseline, MAX_RISE, print_table};
 use floors::run_floor;
-use profiled::{Profiled, RedisBuild, check_tools};
+use profiled::{Profiled, RedisBuild};
+pub(crate) use profiled::{check_tools, dump_counts};
 use routes::{run_peer, run_store};
 use shapes::{PEER_SHAPES, Policies, Route, SHAPES, Shape, policies};
 

@@ -14,7 +14,7 @@ use redis::aio::MultiplexedConnection;
 pub(super) const TOGGLE: &str = "processInputBuffer";
 
 /// Fails early, with the fix, when valgrind or callgrind_control is missing.
-pub(super) fn check_tools() -> Result<(), String> {
+pub(crate) fn check_tools() -> Result<(), String> {
     for tool in ["valgrind", "callgrind_control"] {
         let found = std::process::Command::new(tool)
             .arg("--version")
@@ -108,41 +108,54 @@ impl Profiled {
     /// instructions counted since the previous dump (or the start).
     pub(super) async fn dump(&mut self) -> Result<u64, String> {
         let pid = self.server.pid().ok_or("redis-server has exited")?;
-        let output = tokio::process::Command::new("callgrind_control")
-            .arg(format!("--vgdb-prefix={}", self.vgdb_prefix.display()))
-            .arg("-d")
-            .arg(pid.to_string())
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .map_err(|e| format!("callgrind_control: {e}"))?;
         self.dumps += 1;
-        let path = PathBuf::from(format!("{}.{}", self.out.display(), self.dumps));
-        // callgrind_control returns once the dump is written; allow a moment
-        // all the same before calling it missing.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&path)
-                && let Some(total) = totals(&text)
-            {
-                // Kept for a closer look when asked (see the module docs).
-                if let Ok(keep) = std::env::var("BATCHER_CALLGRIND_KEEP") {
-                    let copy = PathBuf::from(keep).join(format!("{pid}.{}", self.dumps));
-                    std::fs::copy(&path, &copy)
-                        .map_err(|e| format!("keeping the dump as {}: {e}", copy.display()))?;
-                }
-                return Ok(total);
+        dump_counts(pid, &self.vgdb_prefix, &self.out, self.dumps).await
+    }
+}
+
+/// Has callgrind in the valgrind process `pid` (started with
+/// `--vgdb-prefix=<vgdb_prefix>` and `--callgrind-out-file=<out>`) dump
+/// its counts, which zeroes them, as its `n`-th dump, and returns the
+/// instructions it counted since the dump before (or its start).
+pub(crate) async fn dump_counts(
+    pid: u32,
+    vgdb_prefix: &Path,
+    out: &Path,
+    n: u32,
+) -> Result<u64, String> {
+    let output = tokio::process::Command::new("callgrind_control")
+        .arg(format!("--vgdb-prefix={}", vgdb_prefix.display()))
+        .arg("-d")
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("callgrind_control: {e}"))?;
+    let path = PathBuf::from(format!("{}.{n}", out.display()));
+    // callgrind_control returns once the dump is written; allow a moment
+    // all the same before calling it missing.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&path)
+            && let Some(total) = totals(&text)
+        {
+            // Kept for a closer look when asked (see the module docs).
+            if let Ok(keep) = std::env::var("BATCHER_CALLGRIND_KEEP") {
+                let copy = PathBuf::from(keep).join(format!("{pid}.{n}"));
+                std::fs::copy(&path, &copy)
+                    .map_err(|e| format!("keeping the dump as {}: {e}", copy.display()))?;
             }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "callgrind wrote no dump at {} (callgrind_control said: {} {})",
-                    path.display(),
-                    String::from_utf8_lossy(&output.stdout).trim(),
-                    String::from_utf8_lossy(&output.stderr).trim()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            return Ok(total);
         }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "callgrind wrote no dump at {} (callgrind_control said: {} {})",
+                path.display(),
+                String::from_utf8_lossy(&output.stdout).trim(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
