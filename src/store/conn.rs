@@ -274,15 +274,12 @@ pub(super) enum Code<'a> {
 impl Code<'_> {
     /// The command that runs it: `FCALL` or `EVALSHA`, with its keys and arguments.
     fn command(&self, keys: &[&str], args: &[Vec<u8>]) -> Cmd {
-        let mut cmd = match self {
-            Code::Function(_) => redis::cmd("FCALL"),
-            Code::Script(_) => redis::cmd("EVALSHA"),
+        let (command, code) = match self {
+            Code::Function(function) => ("FCALL", function.name()),
+            Code::Script(script) => ("EVALSHA", script.get_hash()),
         };
-        match self {
-            Code::Function(function) => cmd.arg(function.name()),
-            Code::Script(script) => cmd.arg(script.get_hash()),
-        };
-        cmd.arg(keys.len()).arg(keys).arg(args);
+        let mut cmd = redis::cmd(command);
+        cmd.arg(code).arg(keys.len()).arg(keys).arg(args);
         cmd
     }
 
