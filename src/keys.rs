@@ -86,8 +86,8 @@ impl Keyspace {
     }
 
     /// The hash tag shared by every key of a shard.
-    pub fn tag(&self, shard: u16) -> String {
-        self.tags[usize::from(shard)].clone()
+    pub fn tag(&self, shard: u16) -> &str {
+        &self.tags[usize::from(shard)]
     }
 
     /// The shard-wide keys.

@@ -1,10 +1,16 @@
 //! The add function's arguments, built in one place, [`AddArgs`]: the
 //! service validates, resolves and packs before the call (each policy once
-//! per call, as doubles), so the library only reads and writes.
+//! per call, as doubles), so the library only reads and writes. They are
+//! written straight into the call's command ([`AddCall`]), borrowing each
+//! item's id and payload, so an item's bytes are copied once on their way
+//! to Redis.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::RedisWrite;
 
 use super::ext;
 use crate::batch::Item;
@@ -37,7 +43,7 @@ use crate::policy::{Overflow, Policy};
 ///   them as it takes a call of one item per group, without the arrival
 ///   chains a group of several items needs. Only the order in which the
 ///   call's groups are taken changes, which nothing but the limits on open
-///   groups can tell; [`AddArgs::into_parts`] says where each item went.
+///   groups can tell; [`AddCall::order`] says where each item went.
 ///
 /// Items of one key share a group, whose policy is the one given with its
 /// first item. Keys are taken to be of `shard`: the store picks the shard
@@ -52,13 +58,11 @@ pub struct AddArgs<'a> {
     open_limit: u32,
     /// Group number (from 1) of each key seen so far.
     group_of: HashMap<&'a str, usize>,
-    group_keys: Vec<String>,
+    /// Each group's key and its policy's number (from 1).
+    groups: Vec<(&'a str, usize)>,
     /// Each group's capacity, whose names order an item's values.
     group_caps: Vec<Arc<BTreeMap<String, u64>>>,
-    /// Each group's key and its policy's number (from 1).
-    group_args: Vec<(Vec<u8>, usize)>,
-    /// Each item's group number (from 1), flags, id, payload and ext.
-    item_args: Vec<ItemArgs>,
+    items: Vec<ItemArgs<'a>>,
     /// Whether a group of the call is under a limit on open groups.
     limited: bool,
     /// Whether an item has flags, and whether one has an ext.
@@ -89,10 +93,9 @@ impl<'a> AddArgs<'a> {
             now_ms,
             open_limit: 0,
             group_of: HashMap::new(),
-            group_keys: Vec::new(),
+            groups: Vec::new(),
             group_caps: Vec::new(),
-            group_args: Vec::new(),
-            item_args: Vec::new(),
+            items: Vec::new(),
             limited: false,
             flags: false,
             exts: false,
@@ -111,13 +114,20 @@ impl<'a> AddArgs<'a> {
 
     /// Appends one plain item to `key`'s group, adding the group (with
     /// `policy`) if it is the key's first item.
-    pub fn item(&mut self, key: &'a str, policy: &Policy, id: &[u8], payload: &[u8]) -> &mut Self {
+    pub fn item(
+        &mut self,
+        key: &'a str,
+        policy: &Policy,
+        id: &'a [u8],
+        payload: &'a [u8],
+    ) -> &mut Self {
         let group = self.group(key, policy);
-        self.item_args.push(ItemArgs {
+        self.items.push(ItemArgs {
             group,
-            flags: Vec::new(),
-            id: id.to_vec(),
-            payload: payload.to_vec(),
+            close: false,
+            requeue_of: None,
+            id,
+            payload,
             ext: Vec::new(),
         });
         self
@@ -130,29 +140,22 @@ impl<'a> AddArgs<'a> {
         &mut self,
         key: &'a str,
         policy: &Policy,
-        item: &Item,
+        item: &'a Item,
         close: bool,
-        requeue_of: Option<&str>,
+        requeue_of: Option<&'a str>,
     ) -> &mut Self {
         let group = self.group(key, policy);
-        let mut flags = Vec::new();
-        if close {
-            flags.push(b'c');
-        }
-        if let Some(batch) = requeue_of {
-            flags.push(b'q');
-            flags.extend_from_slice(batch.as_bytes());
-        }
         let capacity = &self.group_caps[group - 1];
         let ext = ext::packed(item, capacity);
-        self.flags |= !flags.is_empty();
+        self.flags |= close || requeue_of.is_some();
         self.requeued |= requeue_of.is_some();
         self.exts |= !ext.is_empty();
-        self.item_args.push(ItemArgs {
+        self.items.push(ItemArgs {
             group,
-            flags,
-            id: item.id.clone(),
-            payload: item.payload.clone(),
+            close,
+            requeue_of,
+            id: &item.id,
+            payload: &item.payload,
             ext,
         });
         self
@@ -165,7 +168,6 @@ impl<'a> AddArgs<'a> {
         }
         let number = self.group_of.len() + 1;
         self.group_of.insert(key, number);
-        self.group_keys.push(self.keyspace.group(self.shard, key));
         self.group_caps.push(policy.capacity.clone());
         let at = match self.policies.iter().position(|(p, _)| p == policy) {
             Some(at) => at,
@@ -180,79 +182,29 @@ impl<'a> AddArgs<'a> {
                 self.policies.len() - 1
             }
         };
-        self.group_args.push((key.as_bytes().to_vec(), at + 1));
+        self.groups.push((key, at + 1));
         number
     }
 
-    /// The call's KEYS and ARGV, and where each item went when the lead
-    /// (see the type) moved some ahead: the reply to the call's `j`-th
-    /// item is the reply to the `order[j]`-th item given. `order` is empty
-    /// when every item kept its place.
-    pub fn into_parts(mut self) -> (Vec<String>, Vec<Vec<u8>>, Vec<usize>) {
+    /// The call laid out, the lead (see the type) first, ready to write.
+    pub fn finish(mut self) -> AddCall<'a> {
         // Each item's arguments: its id and payload, its ext when an item
         // of the call has one, and its group's number first unless no item
         // has flags and the call has one group or one item per group.
-        let groups = self.group_args.len();
-        let numbered = self.flags || (groups > 1 && groups < self.item_args.len());
+        let groups = self.groups.len();
+        let numbered = self.flags || (groups > 1 && groups < self.items.len());
         let mut order = Vec::new();
         let lead = if numbered && !self.limited {
             self.lead_first(&mut order)
         } else {
             0
         };
-        let shard = self.keyspace.shard_keys(self.shard);
-        let mut keys = Vec::with_capacity(5 + self.group_keys.len());
-        keys.extend(
-            [&shard.due, &shard.stream, &shard.flushed, &shard.open_index].map(String::clone),
-        );
-        keys.extend(self.group_keys);
-        if self.requeued {
-            keys.push(shard.requeued.clone());
+        AddCall {
+            args: self,
+            numbered,
+            lead,
+            order,
         }
-        let per_item = 2 + usize::from(numbered) + usize::from(self.exts);
-        let shape = if numbered {
-            per_item as f64
-        } else {
-            -(per_item as f64)
-        };
-        let policies = self.policies.len();
-        let numbers = [
-            self.dedup.as_millis() as f64,
-            policies as f64,
-            groups as f64,
-            shape,
-            lead as f64,
-        ];
-        let lengths = self.policies.iter().map(|(_, packed)| packed.len() as f64);
-        let mut header: Vec<u8> = numbers
-            .into_iter()
-            .chain(lengths)
-            .flat_map(f64::to_le_bytes)
-            .collect();
-        for (_, packed) in self.policies {
-            header.extend(packed);
-        }
-        let mut args =
-            Vec::with_capacity(1 + 2 * self.group_args.len() + per_item * self.item_args.len());
-        args.push(header);
-        for (key, policy) in self.group_args {
-            args.push(key);
-            if policies > 1 {
-                args.push(policy.to_string().into_bytes());
-            }
-        }
-        for item in self.item_args {
-            if numbered {
-                let mut group = item.group.to_string().into_bytes();
-                group.extend(item.flags);
-                args.push(group);
-            }
-            args.extend([item.id, item.payload]);
-            if self.exts {
-                args.push(item.ext);
-            }
-        }
-        (keys, args, order)
     }
 
     /// Puts the lead (see the type) first: the groups given one item
@@ -260,12 +212,12 @@ impl<'a> AddArgs<'a> {
     /// and their items likewise, writing into `order` where each item came
     /// from (nothing when none moves). Returns how many groups lead.
     fn lead_first(&mut self, order: &mut Vec<usize>) -> usize {
-        let groups = self.group_args.len();
+        let groups = self.groups.len();
         let mut items_of = vec![0usize; groups];
         let mut flagged = vec![false; groups];
-        for item in &self.item_args {
+        for item in &self.items {
             items_of[item.group - 1] += 1;
-            flagged[item.group - 1] |= !item.flags.is_empty();
+            flagged[item.group - 1] |= item.flagged();
         }
         let leads = |g: usize| items_of[g] == 1 && !flagged[g];
         let lead = (0..groups).filter(|&g| leads(g)).count();
@@ -284,23 +236,150 @@ impl<'a> AddArgs<'a> {
             *number = *next;
             *next += 1;
         }
-        self.group_keys = renumbered(std::mem::take(&mut self.group_keys), &renumber);
-        self.group_args = renumbered(std::mem::take(&mut self.group_args), &renumber);
-        for item in &mut self.item_args {
+        self.groups = renumbered(std::mem::take(&mut self.groups), &renumber);
+        for item in &mut self.items {
             item.group = renumber[item.group - 1];
         }
         // The lead's items first (their groups are in their order), then
         // the rest's in theirs.
-        let mut items: Vec<(usize, ItemArgs)> = std::mem::take(&mut self.item_args)
+        let mut items: Vec<(usize, ItemArgs)> = std::mem::take(&mut self.items)
             .into_iter()
             .enumerate()
             .collect();
         items.sort_by_key(|(_, item)| item.group > lead);
         for (at, item) in items {
             order.push(at);
-            self.item_args.push(item);
+            self.items.push(item);
         }
         lead
+    }
+}
+
+/// One shard's add call, laid out: how many keys and arguments it has, and
+/// the writing of them into a command (or any [`RedisWrite`]).
+pub struct AddCall<'a> {
+    args: AddArgs<'a>,
+    /// Whether each item's arguments start with its group's number.
+    numbered: bool,
+    /// How many groups lead (see [`AddArgs`]).
+    lead: usize,
+    /// Where each item went, when the lead moved some: the reply to the
+    /// call's `j`-th item is the reply to the `order[j]`-th item given.
+    /// Empty when every item kept its place.
+    order: Vec<usize>,
+}
+
+impl AddCall<'_> {
+    /// The call's KEYS count.
+    pub fn key_count(&self) -> usize {
+        4 + self.args.groups.len() + usize::from(self.args.requeued)
+    }
+
+    /// The call's ARGV count.
+    pub fn arg_count(&self) -> usize {
+        let per_group = 1 + usize::from(self.args.policies.len() > 1);
+        1 + per_group * self.args.groups.len() + self.per_item() * self.args.items.len()
+    }
+
+    /// About how many bytes the call's keys and arguments take.
+    pub fn size_hint(&self) -> usize {
+        let tag = self.args.keyspace.tag(self.args.shard).len();
+        let groups: usize = self
+            .args
+            .groups
+            .iter()
+            .map(|(key, _)| tag + 6 + key.len())
+            .sum();
+        let items: usize = self.args.items.iter().map(ItemArgs::size_hint).sum();
+        let policies: usize = self.args.policies.iter().map(|(_, p)| 8 + p.len()).sum();
+        5 * (tag + 10) + groups + items + policies + 40
+    }
+
+    /// Where each item went (see the field).
+    pub fn order(&self) -> &[usize] {
+        &self.order
+    }
+
+    /// Writes the call's KEYS into `out`.
+    pub fn write_keys(&self, out: &mut impl RedisWrite) {
+        let args = &self.args;
+        let shard = args.keyspace.shard_keys(args.shard);
+        for key in [&shard.due, &shard.stream, &shard.flushed, &shard.open_index] {
+            out.write_arg(key.as_bytes());
+        }
+        let tag = args.keyspace.tag(args.shard);
+        for (key, _) in &args.groups {
+            let mut name = out.writer_for_next_arg();
+            write_all(&mut name, &[tag.as_bytes(), b":g:", key.as_bytes()]);
+        }
+        if args.requeued {
+            out.write_arg(shard.requeued.as_bytes());
+        }
+    }
+
+    /// Writes the call's ARGV into `out`.
+    pub fn write_args(&self, out: &mut impl RedisWrite) {
+        let args = &self.args;
+        let per_item = self.per_item();
+        let shape = if self.numbered {
+            per_item as f64
+        } else {
+            -(per_item as f64)
+        };
+        let policies = args.policies.len();
+        let numbers = [
+            args.dedup.as_millis() as f64,
+            policies as f64,
+            args.groups.len() as f64,
+            shape,
+            self.lead as f64,
+        ];
+        {
+            let mut header = out.writer_for_next_arg();
+            let lengths = args.policies.iter().map(|(_, packed)| packed.len() as f64);
+            for number in numbers.into_iter().chain(lengths) {
+                write_all(&mut header, &[&number.to_le_bytes()]);
+            }
+            for (_, packed) in &args.policies {
+                write_all(&mut header, &[packed]);
+            }
+        }
+        for (key, policy) in &args.groups {
+            out.write_arg(key.as_bytes());
+            if policies > 1 {
+                out.write_arg_fmt(policy);
+            }
+        }
+        for item in &args.items {
+            if self.numbered {
+                let mut group = out.writer_for_next_arg();
+                let _ = write!(group, "{}", item.group);
+                if item.close {
+                    write_all(&mut group, &[b"c"]);
+                }
+                if let Some(batch) = item.requeue_of {
+                    write_all(&mut group, &[b"q", batch.as_bytes()]);
+                }
+            }
+            out.write_arg(item.id);
+            out.write_arg(item.payload);
+            if args.exts {
+                out.write_arg(&item.ext);
+            }
+        }
+    }
+
+    /// How many arguments each item takes.
+    fn per_item(&self) -> usize {
+        2 + usize::from(self.numbered) + usize::from(self.args.exts)
+    }
+}
+
+/// Writes `parts` into one argument. The writers of redis-rs's commands
+/// write into memory, so they cannot fail.
+fn write_all(out: &mut impl Write, parts: &[&[u8]]) {
+    for part in parts {
+        out.write_all(part).expect("writing into memory");
     }
 }
 
@@ -312,16 +391,30 @@ fn renumbered<T>(list: Vec<T>, renumber: &[usize]) -> Vec<T> {
     placed.into_iter().map(|(_, v)| v).collect()
 }
 
-/// One item's arguments.
-struct ItemArgs {
+/// One item's arguments, borrowed from the item.
+struct ItemArgs<'a> {
     /// Its group's number, from 1.
     group: usize,
-    /// `c` to close the group after it, `q` and a batch id for an item
-    /// requeued from that batch, or nothing.
-    flags: Vec<u8>,
-    id: Vec<u8>,
-    payload: Vec<u8>,
+    /// Flush the group after it (flag `c`).
+    close: bool,
+    /// The batch it is requeued from (flag `q` and the batch's id).
+    requeue_of: Option<&'a str>,
+    id: &'a [u8],
+    payload: &'a [u8],
     ext: Vec<u8>,
+}
+
+impl ItemArgs<'_> {
+    /// Whether it has flags.
+    fn flagged(&self) -> bool {
+        self.close || self.requeue_of.is_some()
+    }
+
+    /// About how many bytes its arguments take.
+    fn size_hint(&self) -> usize {
+        let flags = self.requeue_of.map_or(0, str::len);
+        8 + flags + self.id.len() + self.payload.len() + self.ext.len()
+    }
 }
 
 /// The limits on open groups one shard enforces for a policy's keys (0:
@@ -407,7 +500,7 @@ mod tests {
             .item("b", &policy(5, Some(64)), b"2", b"")
             .item("c", &policy(10, None), b"3", b"y")
             .item("a", &policy(99, None), b"4", b"z");
-        let (keys, argv, order) = args.into_parts();
+        let (keys, argv, order) = parts(args);
         assert_eq!(
             keys,
             ["due", "batches", "flushed", "open", "g:b", "g:c", "g:a"]
@@ -436,7 +529,7 @@ mod tests {
         args.item("a", &policy(10, None), b"1", b"x")
             .item("b", &policy(10, None), b"2", b"")
             .item("a", &policy(10, None), b"3", b"y");
-        let (keys, argv, order) = args.into_parts();
+        let (keys, argv, order) = parts(args);
         assert_eq!(
             &keys[4..],
             [
@@ -459,7 +552,7 @@ mod tests {
         let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
         args.item("a", &policy, b"1", b"x")
             .item("a", &policy, b"2", b"y");
-        let (keys, argv, _) = args.into_parts();
+        let (keys, argv, _) = parts(args);
         assert_eq!(keys.len(), 5);
         assert_eq!(header(&argv[0]), [5000.0, 1.0, 1.0, -2.0, 0.0]);
         assert_eq!(texts(&argv[1..]), ["a", "1", "x", "2", "y"]);
@@ -469,7 +562,7 @@ mod tests {
         let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
         args.item("a", &policy, b"1", b"x")
             .item("b", &policy, b"2", b"y");
-        let (_, argv, _) = args.into_parts();
+        let (_, argv, _) = parts(args);
         assert_eq!(header(&argv[0]), [5000.0, 1.0, 2.0, -2.0, 0.0]);
         assert_eq!(texts(&argv[1..]), ["a", "b", "1", "x", "2", "y"]);
         let dated = Item {
@@ -481,7 +574,7 @@ mod tests {
         let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
         args.item("a", &policy, b"1", b"x")
             .item_with("b", &policy, &dated, false, None);
-        let (_, argv, _) = args.into_parts();
+        let (_, argv, _) = parts(args);
         assert_eq!(header(&argv[0]), [5000.0, 1.0, 2.0, -3.0, 0.0]);
         assert_eq!(texts(&argv[1..6]), ["a", "b", "1", "x", ""]);
         assert_eq!((&argv[6][..], &argv[7][..]), (&b"2"[..], &b"y"[..]));
@@ -495,7 +588,7 @@ mod tests {
         };
         let mut args = AddArgs::new(&keyspace, 1, Duration::from_secs(5));
         args.item_with("a", &policy, &item, true, Some("7-0-b"));
-        let (keys, argv, _) = args.into_parts();
+        let (keys, argv, _) = parts(args);
         assert_eq!(
             keys.last().unwrap(),
             &format!("{}:requeued", keyspace.tag(1))
@@ -507,6 +600,23 @@ mod tests {
             !argv[5].is_empty(),
             "a requeued item's ext holds its requeue count"
         );
+    }
+
+    /// The call's keys, arguments and order, as the command gets them.
+    fn parts(args: AddArgs) -> (Vec<String>, Vec<Vec<u8>>, Vec<usize>) {
+        let call = args.finish();
+        let (mut keys, mut argv) = (Vec::<Vec<u8>>::new(), Vec::new());
+        call.write_keys(&mut keys);
+        call.write_args(&mut argv);
+        assert_eq!(
+            (keys.len(), argv.len()),
+            (call.key_count(), call.arg_count())
+        );
+        let keys = keys
+            .into_iter()
+            .map(|k| String::from_utf8(k).unwrap())
+            .collect();
+        (keys, argv, call.order().to_vec())
     }
 
     /// The header's five numbers.
@@ -549,7 +659,7 @@ mod tests {
         policy.scope = Some("kscan-*".into());
         let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60)).with_open_limit(9);
         args.item("scan-1", &policy, b"1", b"x");
-        let (_, argv, _) = args.into_parts();
+        let (_, argv, _) = parts(args);
         let packed = policies(&argv[0])[0];
         let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
         assert_eq!(
@@ -561,7 +671,7 @@ mod tests {
         policy.scope = None;
         let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60));
         args.item("scan-1", &policy, b"1", b"x");
-        let (_, argv, _) = args.into_parts();
+        let (_, argv, _) = parts(args);
         let packed = policies(&argv[0])[0];
         let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
         assert_eq!((double(10), double(11), double(13)), (0.0, 0.0, 0.0));

@@ -274,12 +274,21 @@ pub(super) enum Code<'a> {
 impl Code<'_> {
     /// The command that runs it: `FCALL` or `EVALSHA`, with its keys and arguments.
     fn command(&self, keys: &[&str], args: &[Vec<u8>]) -> Cmd {
+        let mut cmd = self.start(keys.len(), args.len(), 0);
+        cmd.arg(keys).arg(args);
+        cmd
+    }
+
+    /// The start of the command that runs it with `keys` keys: `FCALL` or
+    /// `EVALSHA`, its name, and the key count, with room for `keys + args`
+    /// arguments of about `bytes` bytes in all, which the caller writes.
+    pub(super) fn start(&self, keys: usize, args: usize, bytes: usize) -> Cmd {
         let (command, code) = match self {
             Code::Function(function) => ("FCALL", function.name()),
             Code::Script(script) => ("EVALSHA", script.get_hash()),
         };
-        let mut cmd = redis::cmd(command);
-        cmd.arg(code).arg(keys.len()).arg(keys).arg(args);
+        let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + bytes);
+        cmd.arg(command).arg(code).arg(keys);
         cmd
     }
 
@@ -319,23 +328,31 @@ pub(super) async fn invoke<T: FromRedisValue>(
     args: Vec<Vec<u8>>,
 ) -> Result<T> {
     debug_assert_one_slot(keys);
-    invoke_on_one_node(conn, wait, code, keys, args).await
+    let cmd = code.command(keys, &args);
+    run_command(
+        conn,
+        wait,
+        code,
+        &cmd,
+        keys.first().copied().unwrap_or_default(),
+    )
+    .await
 }
 
-/// [`invoke`] for a call whose keys may span slots: only on one Redis,
-/// never a cluster (the add function's sections of several shards).
-pub(super) async fn invoke_on_one_node<T: FromRedisValue>(
+/// [`invoke`] for a command already written by [`Code::start`] and its
+/// caller, whose first key is `first_key`; its keys may span slots only on
+/// one Redis, never a cluster (the add function's sections of several shards).
+pub(super) async fn run_command<T: FromRedisValue>(
     conn: &Conn,
     wait: Option<WaitReplicas>,
     code: Code<'_>,
-    keys: &[&str],
-    args: Vec<Vec<u8>>,
+    cmd: &Cmd,
+    first_key: &str,
 ) -> Result<T> {
     let mut conn = conn.clone();
     if let Some(wait) = wait {
-        return invoke_and_wait(&mut conn, wait, code, keys, args).await;
+        return invoke_and_wait(&mut conn, wait, code, cmd, first_key).await;
     }
-    let cmd = code.command(keys, &args);
     match cmd.query_async(&mut conn).await {
         Err(err) if code.is_missing(&err) => {
             code.load(&mut conn).await?;
@@ -361,11 +378,11 @@ async fn invoke_and_wait<T: FromRedisValue>(
     conn: &mut Conn,
     wait: WaitReplicas,
     code: Code<'_>,
-    keys: &[&str],
-    args: Vec<Vec<u8>>,
+    cmd: &Cmd,
+    first_key: &str,
 ) -> Result<T> {
     let mut pipe = redis::pipe();
-    pipe.add_command(code.command(keys, &args))
+    pipe.add_command(cmd.clone())
         .cmd("WAIT")
         .arg(wait.replicas)
         .arg(wait.timeout.as_millis() as u64);
@@ -393,7 +410,7 @@ async fn invoke_and_wait<T: FromRedisValue>(
             }
             ErrorKind::Server(ServerErrorKind::Moved) => {
                 redis::cmd("EXISTS")
-                    .arg(keys[0])
+                    .arg(first_key)
                     .query_async::<()>(conn)
                     .await?;
             }

@@ -22,8 +22,9 @@ use futures::future::join_all;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
+use super::add_args::AddCall;
 use super::add_reply::{AddReply, ItemReply};
-use super::conn::{Code, Conn, WaitReplicas, invoke, invoke_on_one_node};
+use super::conn::{Code, Conn, WaitReplicas, run_command};
 use super::job::{AddJob, NewItem, ShardReply, Slot, Waiting, writer_gone};
 use super::{AddArgs, Result, StoreError};
 use crate::batch::{AddOutcome, AddResult, Batch, DecodeError, OpenLimit};
@@ -135,22 +136,22 @@ impl AddWriter {
 
     /// One add function call for `items`, all of this shard, in order.
     async fn call(&self, items: &[&NewItem]) -> Result<ShardReply> {
-        let (keys, args, order) = self.args(items);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let reply: AddReply = invoke(
-            &self.conn,
-            self.wait,
-            Code::Function(Function::Add),
-            &keys,
-            args,
-        )
-        .await?;
+        let call = self.args(items);
+        let code = Code::Function(Function::Add);
+        let mut cmd = code.start(call.key_count(), call.arg_count(), call.size_hint());
+        call.write_keys(&mut cmd);
+        debug_assert_keys(&call);
+        call.write_args(&mut cmd);
+        let order = call.order().to_vec();
+        drop(call);
+        let due = &self.keys.shard_keys(self.shard).due;
+        let reply: AddReply = run_command(&self.conn, self.wait, code, &cmd, due).await?;
         self.results(items, reply, &order)
     }
 
-    /// The add function's KEYS and ARGV for `items`, all of this shard,
-    /// and which item each reply is to ([`AddArgs::into_parts`]).
-    fn args(&self, items: &[&NewItem]) -> (Vec<String>, Vec<Vec<u8>>, Vec<usize>) {
+    /// The add function's call for `items`, all of this shard, laid out
+    /// ([`AddArgs`]).
+    fn args<'a>(&'a self, items: &[&'a NewItem]) -> AddCall<'a> {
         let open_limit = self.open_limit.load(Ordering::Relaxed);
         let mut args = AddArgs::new(&self.keys, self.shard, self.dedup).with_open_limit(open_limit);
         for new in items {
@@ -162,7 +163,7 @@ impl AddWriter {
                 new.requeue_of.as_deref(),
             );
         }
-        args.into_parts()
+        args.finish()
     }
 
     /// The results of `items` from the add function's reply to them, the
@@ -222,6 +223,19 @@ impl AddWriter {
     }
 }
 
+/// Panics (in debug builds) unless the keys of `call` share one cluster slot.
+fn debug_assert_keys(call: &AddCall) {
+    if cfg!(debug_assertions) {
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        call.write_keys(&mut keys);
+        let keys: Vec<&str> = keys
+            .iter()
+            .map(|k| std::str::from_utf8(k).unwrap_or(""))
+            .collect();
+        crate::keys::debug_assert_one_slot(&keys);
+    }
+}
+
 /// A shard's writer and the jobs of its next call.
 type ShardBatch<'a> = (&'a AddWriter, Vec<AddJob>);
 
@@ -253,22 +267,36 @@ async fn answer_shards(parts: Vec<ShardBatch<'_>>) {
         .iter()
         .map(|(_, batch)| batch.iter().flat_map(|job| job.items.iter()).collect())
         .collect();
-    let mut counts = vec![parts.len() as f64];
-    let mut keys = Vec::new();
-    let mut args = vec![Vec::new()];
-    let mut orders = Vec::with_capacity(parts.len());
-    for ((writer, _), items) in parts.iter().zip(&items) {
-        let (k, a, order) = writer.args(items);
-        counts.extend([k.len() as f64, a.len() as f64]);
-        keys.extend(k);
-        args.extend(a);
-        orders.push(order);
-    }
-    args[0] = counts.into_iter().flat_map(f64::to_le_bytes).collect();
-    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let (conn, wait) = (&parts[0].0.conn, parts[0].0.wait);
+    let calls: Vec<AddCall> = parts
+        .iter()
+        .zip(&items)
+        .map(|((writer, _), items)| writer.args(items))
+        .collect();
     let code = Code::Function(Function::AddShards);
-    let replies: Result<Vec<AddReply>> = invoke_on_one_node(conn, wait, code, &keys, args).await;
+    let keys = calls.iter().map(AddCall::key_count).sum();
+    let args = 1 + calls.iter().map(AddCall::arg_count).sum::<usize>();
+    let bytes = calls.iter().map(AddCall::size_hint).sum();
+    let mut cmd = code.start(keys, args, bytes);
+    for call in &calls {
+        call.write_keys(&mut cmd);
+    }
+    let counts = calls
+        .iter()
+        .flat_map(|call| [call.key_count(), call.arg_count()])
+        .map(|count| count as f64);
+    let header: Vec<u8> = std::iter::once(calls.len() as f64)
+        .chain(counts)
+        .flat_map(f64::to_le_bytes)
+        .collect();
+    cmd.arg(header);
+    for call in &calls {
+        call.write_args(&mut cmd);
+    }
+    let orders: Vec<Vec<usize>> = calls.iter().map(|call| call.order().to_vec()).collect();
+    drop(calls);
+    let (conn, wait) = (&parts[0].0.conn, parts[0].0.wait);
+    let due = &parts[0].0.keys.shard_keys(parts[0].0.shard).due;
+    let replies: Result<Vec<AddReply>> = run_command(conn, wait, code, &cmd, due).await;
     let replies = replies.and_then(|replies| {
         if replies.len() == parts.len() {
             Ok(replies)

@@ -286,7 +286,7 @@ async fn live_resharding_under_load_loses_nothing() {
     let live = tokio::spawn(receive(service.client().await));
     load.wait_answered(STEADY).await;
     let node = &cluster.nodes()[0];
-    let tag = Keyspace::new("reshard", 1).tag(0);
+    let tag = Keyspace::new("reshard", 1).tag(0).to_owned();
     let slot: u16 = node
         .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(&tag))
         .unwrap();
