@@ -233,11 +233,16 @@ pub fn added(results: &[AddResult]) {
             AddOutcome::Refused(_) => refused += 1,
         }
     }
-    HANDLES
-        .added
-        .increment(results.len() as u64 - duplicates - refused);
-    HANDLES.duplicate.increment(duplicates);
-    HANDLES.refused.increment(refused);
+    // A counter is shared by every thread: one left alone stays in its cache.
+    for (counter, count) in [
+        (&HANDLES.added, results.len() as u64 - duplicates - refused),
+        (&HANDLES.duplicate, duplicates),
+        (&HANDLES.refused, refused),
+    ] {
+        if count > 0 {
+            counter.increment(count);
+        }
+    }
 }
 
 /// Records a batch this instance flushed: its reason, its size and, for a

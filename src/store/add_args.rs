@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::RedisWrite;
@@ -56,12 +55,11 @@ pub struct AddArgs<'a> {
     now_ms: u64,
     /// The shard's part of `[limits] max_open_groups` (0: none).
     open_limit: u32,
-    /// Group number (from 1) of each key seen so far.
+    /// Group number (from 1) of each key seen so far, once the call has
+    /// more than [`SCAN_GROUPS`] groups (until then, they are scanned).
     group_of: HashMap<&'a str, usize>,
     /// Each group's key and its policy's number (from 1).
     groups: Vec<(&'a str, usize)>,
-    /// Each group's capacity, whose names order an item's values.
-    group_caps: Vec<Arc<BTreeMap<String, u64>>>,
     items: Vec<ItemArgs<'a>>,
     /// Whether a group of the call is under a limit on open groups.
     limited: bool,
@@ -80,6 +78,10 @@ pub struct AddArgs<'a> {
 /// now minus this, and the one after it, and takes the first still ahead.
 const CLOCK_SKEW: Duration = Duration::from_secs(60);
 
+/// Up to this many groups, a call finds a key's group by scanning them,
+/// which costs less than hashing the key; past it, in a map.
+const SCAN_GROUPS: usize = 8;
+
 impl<'a> AddArgs<'a> {
     /// No items yet, for a call in `shard` with the given dedup window.
     pub fn new(keyspace: &'a Keyspace, shard: u16, dedup: Duration) -> AddArgs<'a> {
@@ -94,7 +96,6 @@ impl<'a> AddArgs<'a> {
             open_limit: 0,
             group_of: HashMap::new(),
             groups: Vec::new(),
-            group_caps: Vec::new(),
             items: Vec::new(),
             limited: false,
             flags: false,
@@ -110,6 +111,12 @@ impl<'a> AddArgs<'a> {
     pub fn with_open_limit(mut self, total: u32) -> Self {
         self.open_limit = crate::policy::per_shard(total, self.keyspace.shards());
         self
+    }
+
+    /// Room for `items` more items, of as many groups at most.
+    pub fn reserve(&mut self, items: usize) {
+        self.items.reserve(items);
+        self.groups.reserve(items);
     }
 
     /// Appends one plain item to `key`'s group, adding the group (with
@@ -145,8 +152,9 @@ impl<'a> AddArgs<'a> {
         requeue_of: Option<&'a str>,
     ) -> &mut Self {
         let group = self.group(key, policy);
-        let capacity = &self.group_caps[group - 1];
-        let ext = ext::packed(item, capacity);
+        // The group's policy's capacity, whose names order the item's values.
+        let (_, policy) = self.groups[group - 1];
+        let ext = ext::packed(item, &self.policies[policy - 1].0.capacity);
         self.flags |= close || requeue_of.is_some();
         self.requeued |= requeue_of.is_some();
         self.exts |= !ext.is_empty();
@@ -163,12 +171,29 @@ impl<'a> AddArgs<'a> {
 
     /// The group number of `key`, adding its group (with `policy`) if new.
     fn group(&mut self, key: &'a str, policy: &Policy) -> usize {
-        if let Some(&number) = self.group_of.get(key) {
+        let found = if self.groups.len() <= SCAN_GROUPS {
+            self.groups
+                .iter()
+                .position(|(k, _)| *k == key)
+                .map(|at| at + 1)
+        } else {
+            if self.group_of.is_empty() {
+                let numbered = self
+                    .groups
+                    .iter()
+                    .enumerate()
+                    .map(|(at, (k, _))| (*k, at + 1));
+                self.group_of.extend(numbered);
+            }
+            self.group_of.get(key).copied()
+        };
+        if let Some(number) = found {
             return number;
         }
-        let number = self.group_of.len() + 1;
-        self.group_of.insert(key, number);
-        self.group_caps.push(policy.capacity.clone());
+        let number = self.groups.len() + 1;
+        if !self.group_of.is_empty() {
+            self.group_of.insert(key, number);
+        }
         let at = match self.policies.iter().position(|(p, _)| p == policy) {
             Some(at) => at,
             None => {

@@ -245,11 +245,9 @@ pub(super) fn batch_from_entry(shard: u16, entry: Entry) -> Result<Batch, Parsin
             _ => raw.push((name, value)),
         }
     }
-    let mut take_own = |byte: u8, what: &str| {
-        own[usize::from(byte - 128)]
-            .take()
-            .ok_or_else(|| bad(&format!("lacks its {what}")))
-    };
+    let mut take_optional = |byte: u8| own[usize::from(byte - 128)].take();
+    let mut take_own =
+        |byte: u8, what: &str| take_optional(byte).ok_or_else(|| bad(&format!("lacks its {what}")));
     let text = |bytes: Vec<u8>, what: &str| {
         String::from_utf8(bytes).map_err(|_| bad(&format!("its {what} is not UTF-8")))
     };
@@ -263,16 +261,14 @@ pub(super) fn batch_from_entry(shard: u16, entry: Entry) -> Result<Batch, Parsin
     let reason: FlushReason = text(take_own(field::REASON, "reason")?, "reason")?.parse()?;
     let opened_at_ms = number(take_own(field::OPENED, "opening time")?, "opening time")?;
     let flushed_at_ms = number(take_own(field::FLUSHED, "flush time")?, "flush time")?;
-    let names = ext::names_of(&take_own(field::NAMES, "names").unwrap_or_default());
-    let for_group = take_own(field::FOR_GROUP, "")
-        .ok()
+    let names = ext::names_of(&take_optional(field::NAMES).unwrap_or_default());
+    let for_group = take_optional(field::FOR_GROUP)
         .map(|g| text(g, "consumer group"))
         .transpose()?;
-    let origin = take_own(field::ORIGIN, "")
-        .ok()
+    let origin = take_optional(field::ORIGIN)
         .map(|o| text(o, "origin")?.parse().map_err(ParsingError::from))
         .transpose()?;
-    if let Ok(packed) = take_own(field::PACKED, "") {
+    if let Some(packed) = take_optional(field::PACKED) {
         let mut blob = &packed[..];
         while !blob.is_empty() {
             let item_id = take(&mut blob, "packed items")?.to_vec();

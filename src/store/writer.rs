@@ -154,6 +154,7 @@ impl AddWriter {
     fn args<'a>(&'a self, items: &[&'a NewItem]) -> AddCall<'a> {
         let open_limit = self.open_limit.load(Ordering::Relaxed);
         let mut args = AddArgs::new(&self.keys, self.shard, self.dedup).with_open_limit(open_limit);
+        args.reserve(items.len());
         for new in items {
             args.item_with(
                 &new.key,
@@ -242,6 +243,11 @@ type ShardBatch<'a> = (&'a AddWriter, Vec<AddJob>);
 /// Answers each job of `batch` with its part of `reply`, in order.
 fn reply_jobs(batch: Vec<AddJob>, reply: Result<ShardReply>) {
     match reply {
+        Ok((earliest, results)) if batch.len() == 1 => {
+            if let Some(job) = batch.into_iter().next() {
+                let _ = job.reply.send(Ok((earliest, results)));
+            }
+        }
         Ok((earliest, results)) => {
             let mut results = results.into_iter();
             for job in batch {
@@ -320,6 +326,17 @@ async fn answer_shards(parts: Vec<ShardBatch<'_>>) {
     }
 }
 
+/// Sends one call of a round: a shard's batch alone as a plain add call,
+/// several shards' batches as one of `add_shards`.
+async fn answer_call(mut parts: Vec<ShardBatch<'_>>) {
+    if parts.len() == 1 {
+        let (writer, batch) = parts.remove(0);
+        writer.answer(batch).await;
+    } else {
+        answer_shards(parts).await;
+    }
+}
+
 /// How many round writers share one Redis's shards (shard `s` is in lane
 /// `s % LANES`): while one lane's replies are answered and its next round
 /// gathers, another lane's round keeps Redis busy.
@@ -376,14 +393,10 @@ pub(super) async fn run_rounds(writers: Vec<AddWriter>, mut jobs: mpsc::Unbounde
                 _ => calls.push((total, vec![(writer, batch)])),
             }
         }
-        join_all(calls.into_iter().map(|(_, mut parts)| async move {
-            if parts.len() == 1 {
-                let (writer, batch) = parts.remove(0);
-                writer.answer(batch).await;
-            } else {
-                answer_shards(parts).await;
-            }
-        }))
-        .await;
+        if calls.len() == 1 {
+            answer_call(calls.remove(0).1).await;
+        } else {
+            join_all(calls.into_iter().map(|(_, parts)| answer_call(parts))).await;
+        }
     }
 }
