@@ -62,10 +62,10 @@ impl Store {
         deadline: Option<Deadline>,
     ) -> Result<(Vec<Slot>, Vec<(u16, u64)>)> {
         let count = items.len();
-        let shards: Vec<u16> = items.iter().map(|i| self.keys.shard_of(&i.key)).collect();
+        let shard_of = |item: &NewItem| self.keys.shard_of(&item.key);
         // All of one shard (a unary Add always is): one part, sent as it is.
-        if let Some(&shard) = shards.first()
-            && shards.iter().all(|s| *s == shard)
+        if let Some(shard) = items.first().map(shard_of)
+            && items[1..].iter().all(|item| shard_of(item) == shard)
         {
             let room = self.queues[usize::from(shard)].reserve(shard, count)?;
             let (earliest, results) = self.send_part(shard, items, deadline, room).await?;
@@ -79,8 +79,8 @@ impl Store {
         }
         // Split the request per shard, keeping each shard's items in order.
         let mut per_shard: HashMap<u16, (Vec<usize>, Vec<NewItem>)> = HashMap::new();
-        for (index, (item, shard)) in items.into_iter().zip(shards).enumerate() {
-            let part = per_shard.entry(shard).or_default();
+        for (index, item) in items.into_iter().enumerate() {
+            let part = per_shard.entry(shard_of(&item)).or_default();
             part.0.push(index);
             part.1.push(item);
         }

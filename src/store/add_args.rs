@@ -5,7 +5,7 @@
 //! item's id and payload, so an item's bytes are copied once on their way
 //! to Redis.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -51,8 +51,6 @@ pub struct AddArgs<'a> {
     keyspace: &'a Keyspace,
     shard: u16,
     dedup: Duration,
-    /// The local clock (ms), for the cutoffs a group opened now would get.
-    now_ms: u64,
     /// The shard's part of `[limits] max_open_groups` (0: none).
     open_limit: u32,
     /// Group number (from 1) of each key seen so far, once the call has
@@ -85,14 +83,10 @@ const SCAN_GROUPS: usize = 8;
 impl<'a> AddArgs<'a> {
     /// No items yet, for a call in `shard` with the given dedup window.
     pub fn new(keyspace: &'a Keyspace, shard: u16, dedup: Duration) -> AddArgs<'a> {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
         AddArgs {
             keyspace,
             shard,
             dedup,
-            now_ms,
             open_limit: 0,
             group_of: HashMap::new(),
             groups: Vec::new(),
@@ -202,7 +196,7 @@ impl<'a> AddArgs<'a> {
                     shard: self.open_limit,
                 };
                 self.limited |= limits.policy > 0 || limits.shard > 0;
-                let packed = packed_policy(policy, self.now_ms, limits);
+                let packed = packed_policy(policy, limits);
                 self.policies.push((policy.clone(), packed));
                 self.policies.len() - 1
             }
@@ -460,8 +454,12 @@ struct OpenLimits {
 /// and 1 to flush the oldest; the length of its scope), then the
 /// capacity's k limits as doubles, then its scope, then its measure names
 /// joined by `;`, in the order an item's packed values follow.
-fn packed_policy(policy: &Policy, now_ms: u64, open: OpenLimits) -> Vec<u8> {
+fn packed_policy(policy: &Policy, open: OpenLimits) -> Vec<u8> {
     let (c1, c2) = policy.cutoffs.as_ref().map_or((0, 0), |cutoffs| {
+        // The local clock, for the cutoffs a group opened now would get.
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let skewed = now_ms.saturating_sub(CLOCK_SKEW.as_millis() as u64);
         let first = cutoffs.next_after(skewed);
         (first, cutoffs.next_after(first))
@@ -489,21 +487,22 @@ fn packed_policy(policy: &Policy, now_ms: u64, open: OpenLimits) -> Vec<u8> {
         scope.len() as f64,
     ];
     let limits = policy.capacity.values().map(|v| *v as f64);
-    let mut packed: Vec<u8> = numbers
-        .into_iter()
-        .chain(limits)
-        .flat_map(f64::to_le_bytes)
-        .collect();
+    let names: usize = policy.capacity.keys().map(|name| name.len() + 1).sum();
+    let mut packed =
+        Vec::with_capacity(8 * (numbers.len() + policy.capacity.len()) + scope.len() + names);
+    for number in numbers.into_iter().chain(limits) {
+        packed.extend_from_slice(&number.to_le_bytes());
+    }
     packed.extend_from_slice(scope);
-    packed.extend_from_slice(dictionary(&policy.capacity).as_bytes());
+    // The measure names joined by `;`, in the capacity's order (the order
+    // of a packed ext's values and of a group's sums).
+    for (at, name) in policy.capacity.keys().enumerate() {
+        if at > 0 {
+            packed.push(b';');
+        }
+        packed.extend_from_slice(name.as_bytes());
+    }
     packed
-}
-
-/// The names of a capacity's measures joined by `;`, in its order (the
-/// order of a packed ext's values and of a group's sums).
-pub(crate) fn dictionary(capacity: &BTreeMap<String, u64>) -> String {
-    let names: Vec<&str> = capacity.keys().map(String::as_str).collect();
-    names.join(";")
 }
 
 #[cfg(test)]

@@ -354,6 +354,10 @@ pub(super) async fn run_rounds(writers: Vec<AddWriter>, mut jobs: mpsc::Unbounde
     let mut waiting: Vec<VecDeque<AddJob>> = writers.iter().map(|_| VecDeque::new()).collect();
     let at = |job: &AddJob| usize::from(job.shard / LANES);
     let mut queued = 0;
+    // The round's calls, each a list of shards' batches of at most
+    // MERGE_LIMIT items in all (unless one batch alone is larger); the
+    // list is kept from round to round.
+    let mut calls: Vec<(usize, Vec<ShardBatch>)> = Vec::new();
     loop {
         if queued == 0 {
             let Some(first) = jobs.recv().await else {
@@ -367,9 +371,6 @@ pub(super) async fn run_rounds(writers: Vec<AddWriter>, mut jobs: mpsc::Unbounde
             queued += 1;
         }
         let now = Instant::now();
-        // The round's calls, each a list of shards' batches of at most
-        // MERGE_LIMIT items in all (unless one batch alone is larger).
-        let mut calls: Vec<(usize, Vec<ShardBatch>)> = Vec::new();
         for (writer, queue) in writers.iter().zip(&mut waiting) {
             let mut batch = Vec::new();
             let mut total = 0;
@@ -393,10 +394,11 @@ pub(super) async fn run_rounds(writers: Vec<AddWriter>, mut jobs: mpsc::Unbounde
                 _ => calls.push((total, vec![(writer, batch)])),
             }
         }
-        if calls.len() == 1 {
-            answer_call(calls.remove(0).1).await;
+        if let [(_, parts)] = &mut calls[..] {
+            answer_call(std::mem::take(parts)).await;
+            calls.clear();
         } else {
-            join_all(calls.into_iter().map(|(_, parts)| answer_call(parts))).await;
+            join_all(calls.drain(..).map(|(_, parts)| answer_call(parts))).await;
         }
     }
 }
