@@ -22,7 +22,7 @@ impl BatcherService {
     pub(super) fn new_item(
         &self,
         table: &Policies,
-        field: &str,
+        field: Field,
         req: pb::AddRequest,
     ) -> Result<NewItem, Error> {
         // Names are written out only for an error.
@@ -109,4 +109,22 @@ pub(super) fn traced_items(
         spans.push(own);
     }
     spans
+}
+
+/// Where an add sits in its request, which prefixes the names of its fields
+/// in error messages: nothing in a unary Add, `items[3].` in AddMany. It is
+/// written out only for an error.
+#[derive(Clone, Copy)]
+pub(super) enum Field {
+    Unary,
+    Item(usize),
+}
+
+impl std::fmt::Display for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Field::Unary => Ok(()),
+            Field::Item(i) => write!(f, "items[{i}]."),
+        }
+    }
 }

@@ -23,7 +23,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
-use self::adds::{traced_items, unary_outcome};
+use self::adds::{Field, traced_items, unary_outcome};
 use self::checks::{
     dead_letter_token, page_after, page_size, page_token, parse_dead_letter_token, parse_page_token,
 };
@@ -200,8 +200,7 @@ impl pb::batcher_server::Batcher for BatcherService {
         // metadata's): the call's span, whose context the item keeps.
         let own = &request.get_ref().trace_context;
         let span = AddSpan::of_call(request.metadata(), "Add", own);
-        let table = self.policies.current();
-        let mut item = self.new_item(&table, "", request.into_inner())?;
+        let mut item = self.new_item(&self.policies.load(), Field::Unary, request.into_inner())?;
         if let Some(span) = &span {
             span.item(&item.key, &String::from_utf8_lossy(&item.item.id));
             item.item.trace = Some(span.context());
@@ -240,20 +239,22 @@ impl pb::batcher_server::Batcher for BatcherService {
         caller.check_keys(requests.iter().map(|r| r.key.as_str()))?;
         self.policies_loaded()?;
         // Validate everything before writing anything, and name every bad item.
-        let table = self.policies.current();
         let mut items = Vec::with_capacity(requests.len());
         let mut violations = Vec::new();
         // With tracing on, each item's own trace context, by index.
         let tracing = telemetry::on();
         let mut parents = Vec::new();
-        for (i, mut req) in requests.into_iter().enumerate() {
-            if tracing {
-                parents.push(std::mem::take(&mut req.trace_context));
-            }
-            match self.new_item(&table, &format!("items[{i}]."), req) {
-                Ok(item) => items.push(item),
-                Err(Error::InvalidArgument(bad)) => violations.extend(bad),
-                Err(err) => return Err(err.into()),
+        {
+            let table = self.policies.load();
+            for (i, mut req) in requests.into_iter().enumerate() {
+                if tracing {
+                    parents.push(std::mem::take(&mut req.trace_context));
+                }
+                match self.new_item(&table, Field::Item(i), req) {
+                    Ok(item) => items.push(item),
+                    Err(Error::InvalidArgument(bad)) => violations.extend(bad),
+                    Err(err) => return Err(err.into()),
+                }
             }
         }
         if !violations.is_empty() {

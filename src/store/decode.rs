@@ -277,7 +277,7 @@ pub(super) fn batch_from_entry(shard: u16, entry: Entry) -> Result<Batch, Parsin
     }
     let mut items = Vec::with_capacity(raw.len());
     for (item_id, value) in raw {
-        let (seq, item) = item_of(item_id, &value, &names)?;
+        let (seq, item) = item_of(item_id, value, &names)?;
         items.push((seq, item));
     }
     items.sort_unstable_by_key(|(seq, _)| *seq);
@@ -297,16 +297,16 @@ pub(super) fn batch_from_entry(shard: u16, entry: Entry) -> Result<Batch, Parsin
 /// An item from its id and its value in a group's hash: an ext (`+`, a byte
 /// 1 + k, 8 (1 + k) bytes, text and `|`, or none), its sequence number, `,`
 /// and its payload.
-fn item_of(id: Vec<u8>, value: &[u8], names: &[String]) -> Result<(u64, Item), DecodeError> {
+fn item_of(id: Vec<u8>, mut value: Vec<u8>, names: &[String]) -> Result<(u64, Item), DecodeError> {
     let bad = || {
         DecodeError(format!(
             "item {:?}: a bad value",
             String::from_utf8_lossy(&id)
         ))
     };
-    let ext_len = match value {
+    let ext_len = match value[..] {
         [b'+', k, ..] => {
-            let from = 2 + 8 * usize::from(*k);
+            let from = 2 + 8 * usize::from(k);
             let bar = value
                 .get(from..)
                 .and_then(|rest| rest.iter().position(|b| *b == b'|'));
@@ -320,8 +320,11 @@ fn item_of(id: Vec<u8>, value: &[u8], names: &[String]) -> Result<(u64, Item), D
         .ok()
         .and_then(|t| t.parse().ok())
         .ok_or_else(bad)?;
-    let mut item = Item::new(id, rest[comma + 1..].to_vec());
+    let mut item = Item::new(id, Vec::new());
     ext::parse(ext, names, &mut item)?;
+    // The payload is what follows the comma, moved to the front in place.
+    value.drain(..ext_len + comma + 1);
+    item.payload = value;
     Ok((seq, item))
 }
 
