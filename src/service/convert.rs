@@ -10,8 +10,8 @@ use crate::policy::Policy;
 pub fn add_response(result: AddResult) -> pb::AddResponse {
     let batches: Vec<pb::Batch> = result
         .flushed
-        .iter()
-        .map(|b| batch_to_pb(b, String::new(), 0))
+        .into_iter()
+        .map(|b| batch_into_pb(b, String::new(), 0))
         .collect();
     let (outcome, limit) = match result.outcome {
         AddOutcome::Added => (pb::AddOutcome::Added, String::new()),
@@ -72,16 +72,21 @@ pub fn item_to_pb(item: batch::Item) -> pb::Item {
 
 /// Converts a batch for the wire.
 pub fn batch_to_pb(batch: &batch::Batch, cursor: String, delivery_count: u32) -> pb::Batch {
+    batch_into_pb(batch.clone(), cursor, delivery_count)
+}
+
+/// Converts a batch for the wire, moving its key and items.
+pub fn batch_into_pb(batch: batch::Batch, cursor: String, delivery_count: u32) -> pb::Batch {
     pb::Batch {
         id: batch.id(),
-        key: batch.key.clone(),
-        items: batch.items.iter().cloned().map(item_to_pb).collect(),
+        trace_context: crate::telemetry::traceparent(&batch),
         reason: reason_to_pb(batch.reason) as i32,
         opened_at: Some(timestamp(batch.opened_at_ms)),
         flushed_at: Some(timestamp(batch.flushed_at_ms)),
         cursor,
         delivery_count,
-        trace_context: crate::telemetry::traceparent(batch),
+        key: batch.key,
+        items: batch.items.into_iter().map(item_to_pb).collect(),
     }
 }
 
