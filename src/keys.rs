@@ -130,12 +130,13 @@ impl Keyspace {
 
     /// The hash holding one open group's metadata and items.
     pub fn group(&self, shard: u16, key: &str) -> String {
-        let tag = &self.tags[usize::from(shard)];
-        let mut name = String::with_capacity(tag.len() + 3 + key.len());
-        name.push_str(tag);
-        name.push_str(":g:");
-        name.push_str(key);
-        name
+        self.group_parts(shard, key).concat()
+    }
+
+    /// [`Keyspace::group`] in its parts, for a caller that writes the name
+    /// straight into a command.
+    pub fn group_parts<'a>(&'a self, shard: u16, key: &'a str) -> [&'a str; 3] {
+        [&self.tags[usize::from(shard)], ":g:", key]
     }
 
     /// The policy store's keys. They share the tag `{<prefix>:policies}`,

@@ -59,10 +59,9 @@ impl AddCall<'_> {
         for key in [&shard.due, &shard.stream, &shard.flushed, &shard.open_index] {
             out.write_arg(key.as_bytes());
         }
-        let tag = args.keyspace.tag(args.shard);
         for (key, _) in &args.groups {
-            let mut name = out.writer_for_next_arg();
-            write_all(&mut name, &[tag.as_bytes(), b":g:", key.as_bytes()]);
+            let parts = args.keyspace.group_parts(args.shard, key);
+            write_all(&mut out.writer_for_next_arg(), &parts.map(str::as_bytes));
         }
         if args.requeued {
             out.write_arg(shard.requeued.as_bytes());
