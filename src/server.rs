@@ -28,17 +28,16 @@ const HEALTH_EVERY: Duration = Duration::from_secs(1);
 const HEALTH_RETRY: Duration = Duration::from_millis(100);
 
 /// The tokio runtime the service runs on: `worker_threads` workers
-/// (`worker_threads` in the config; one per core by default), with I/O and
-/// timers, and without the worker's LIFO slot when built with `--cfg
-/// tokio_unstable` (as `.cargo/config.toml` builds it).
+/// (`Config::worker_threads`: one for a single Redis, one per core for a
+/// cluster, unless the config says), with I/O and timers, and without the
+/// worker's LIFO slot when built with `--cfg tokio_unstable` (as
+/// `.cargo/config.toml` builds it).
 ///
 /// One worker runs a request, the shard writer it wakes and the connection
 /// that answers it on one thread, so no wake-up crosses threads: in scenario
-/// 2 (unary Add, 64 callers) the service spent about a fifth less CPU per add
-/// with one worker than with two. But a batch's deliveries to a hundred
-/// subscribers then wait for one thread: scenario 4's p99 was 1.30-1.36x
-/// that of two workers, past its target, so the default is one per core
-/// (docs/operations.md#threads).
+/// 2 (unary Add, 64 callers) the service spent about a third less CPU per
+/// add with one worker than with two. More workers deliver a batch to many
+/// subscribers sooner, in parallel (docs/operations.md#threads).
 ///
 /// The LIFO slot runs a task that another task woke right after the waker,
 /// ahead of every task already queued. When an add round's replies wake the

@@ -273,10 +273,11 @@ struct Args {
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     shards: u16,
     /// Run the service on this many threads (`worker_threads`; scenario 9's
-    /// cluster keeps the default), e.g. to measure what a second one costs.
-    #[arg(long, value_name = "N", default_value_t = default_worker_threads().get() as u16,
+    /// cluster keeps its default), e.g. to measure what a second one costs.
+    /// Unset, the service picks its default (one on a single Redis).
+    #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=MAX_WORKER_THREADS as i64))]
-    worker_threads: u16,
+    worker_threads: Option<u16>,
     /// The frozen floor script of bench/floor/ that row 1c's AddMany
     /// service floor serves (floor_dedup, floor_fields or floor_counters).
     #[arg(long, value_name = "SCRIPT", default_value = floor_serve_many::DEFAULT_SCRIPT,
@@ -365,7 +366,7 @@ fn main() -> ExitCode {
             .unwrap_or("redis://127.0.0.1:6379");
         print!(
             "{}",
-            service::service_config(url, args.shards, args.worker_threads.into())
+            service::service_config(url, args.shards, args.worker_threads)
         );
         return ExitCode::SUCCESS;
     }
@@ -432,7 +433,7 @@ async fn bench(args: Args) -> ExitCode {
         args.redis_url.clone(),
         args.service,
         args.shards,
-        args.worker_threads.into(),
+        args.worker_threads,
     );
     let mut env = match started_env.await {
         Ok(env) => env,
@@ -457,11 +458,13 @@ async fn bench(args: Args) -> ExitCode {
             service::SHARDS
         ));
     }
-    if usize::from(args.worker_threads) != default_worker_threads().get() {
+    let single_redis = default_worker_threads(false);
+    if let Some(threads) = args.worker_threads
+        && usize::from(threads) != single_redis.get()
+    {
         results.notes.push(format!(
-            "The service ran on {} threads (--worker-threads), not the default {} (one per core).",
-            args.worker_threads,
-            default_worker_threads()
+            "The service ran on {threads} threads (--worker-threads), not the default {single_redis} \
+             (one on a single Redis; scenario 9's cluster keeps its own default)."
         ));
     }
     runner::run_all(&mut results, &mut env, &sizes, &run_tag, args.quick).await;

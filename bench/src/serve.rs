@@ -17,7 +17,7 @@ pub fn main(config_toml: &str) -> ExitCode {
         }
     };
     // The service's own runtime (see batcher::server::runtime).
-    let runtime = batcher::server::runtime(config.worker_threads.get()).expect("tokio runtime");
+    let runtime = batcher::server::runtime(config.worker_threads().get()).expect("tokio runtime");
     runtime.block_on(async {
         // Traces as `batcher serve` sends them, when OTEL_* asks (scenario 14).
         let telemetry = match batcher::telemetry::Telemetry::from_env() {

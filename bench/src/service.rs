@@ -25,11 +25,15 @@ const READY_POLL: Duration = Duration::from_millis(50);
 pub const SHARDS: u16 = 16;
 
 /// The service config every scenario runs with, in `shards` shards, on
-/// `worker_threads` threads. One config for all, with a key glob per
-/// scenario policy, so that an external service can run it too.
-pub fn service_config(redis_url: &str, shards: u16, worker_threads: usize) -> String {
+/// `worker_threads` threads (the service's default without). One config
+/// for all, with a key glob per scenario policy, so that an external
+/// service can run it too.
+pub fn service_config(redis_url: &str, shards: u16, worker_threads: Option<u16>) -> String {
     let config = config_with(&format!("url = \"{redis_url}\""), shards);
-    format!("worker_threads = {worker_threads}\n{config}")
+    match worker_threads {
+        Some(threads) => format!("worker_threads = {threads}\n{config}"),
+        None => config,
+    }
 }
 
 /// The same config on a Redis Cluster (scenario 9): `[redis] cluster_nodes`
@@ -103,7 +107,7 @@ impl Env {
         redis_url: Option<String>,
         external_service: Option<SocketAddr>,
         shards: u16,
-        worker_threads: usize,
+        worker_threads: Option<u16>,
     ) -> Result<Env, String> {
         let redis = match redis_url {
             Some(_) => None,

@@ -60,7 +60,9 @@ pub async fn run(opts: Opts) -> Result<(), String> {
     check_tools()?;
     let adds = opts.adds.max(10);
     let ours = count(adds, |url| {
-        let config = service::service_config(url, SHARDS, 2);
+        // Two threads, as the floor's runtime has here, so that the two
+        // counts and those of earlier commits compare.
+        let config = service::service_config(url, SHARDS, Some(2));
         vec!["__serve".into(), "--config-toml".into(), config]
     })
     .await?;

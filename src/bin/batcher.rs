@@ -74,7 +74,7 @@ fn main() -> ExitCode {
         None => Config::default(),
     };
     // The runtime's size is the config's, so the config is read first.
-    let runtime = batcher::server::runtime(config.worker_threads.get());
+    let runtime = batcher::server::runtime(config.worker_threads().get());
     block_on(runtime, serve(config, path, listen, http_listen))
 }
 

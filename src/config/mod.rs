@@ -138,10 +138,19 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Most `worker_threads` the service may ask for.
 pub const MAX_WORKER_THREADS: usize = 256;
 
-/// Default `worker_threads`: one per core the service may run on, at most
-/// [`MAX_WORKER_THREADS`]. One thread costs a unary add less CPU, but it
-/// delivers batches to many subscribers later (docs/operations.md#threads).
-pub fn default_worker_threads() -> NonZeroUsize {
+/// Default `worker_threads`: one for a single Redis (`[redis] url`, or the
+/// embedded one), one per core the service may run on for a cluster, at
+/// most [`MAX_WORKER_THREADS`].
+///
+/// A single Redis runs its commands on one thread, and one service thread
+/// keeps pace with it at about two thirds of the CPU per unary add that two
+/// threads spend, where requests, their shard writer and their connections
+/// wake one another across threads. A cluster has a thread per master to
+/// feed, so the service gets one per core (docs/operations.md#threads).
+pub fn default_worker_threads(cluster: bool) -> NonZeroUsize {
+    if !cluster {
+        return NonZeroUsize::MIN;
+    }
     let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
     NonZeroUsize::new(cores.min(MAX_WORKER_THREADS)).unwrap_or(NonZeroUsize::MIN)
 }
@@ -168,8 +177,9 @@ pub struct Config {
     /// startup never depends on name resolution.
     pub listen: SocketAddr,
     /// The threads of the runtime that serves every call, stream and
-    /// background task. Read at start-up only.
-    pub worker_threads: NonZeroUsize,
+    /// background task. Read at start-up only; unset, the default depends on
+    /// the Redis ([`Config::worker_threads`]).
+    pub worker_threads: Option<NonZeroUsize>,
     /// Where the state lives.
     pub redis: RedisConfig,
     /// The flush policy of every key no `[keys."..."]` table matches, and the
@@ -206,7 +216,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: DEFAULT_LISTEN,
-            worker_threads: default_worker_threads(),
+            worker_threads: None,
             redis: RedisConfig::default(),
             defaults: PolicyDefaults::default(),
             keys: BTreeMap::new(),
@@ -495,6 +505,13 @@ impl Config {
     pub fn validate(&self) -> Result<(), Violation> {
         validate::check(self)?;
         guard::check(self)
+    }
+
+    /// The threads of the service's runtime: `worker_threads` when set, else
+    /// [`default_worker_threads`] for this Redis.
+    pub fn worker_threads(&self) -> NonZeroUsize {
+        self.worker_threads
+            .unwrap_or_else(|| default_worker_threads(!self.redis.cluster_nodes.is_empty()))
     }
 
     /// The resolved policy table of this configuration: every

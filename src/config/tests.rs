@@ -74,10 +74,32 @@ fn example_parses() {
     assert_eq!(c.limits, Limits::default());
     assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
     assert_eq!(
-        c.worker_threads,
-        std::thread::available_parallelism().unwrap(),
-        "one thread per core"
+        c.worker_threads(),
+        NonZeroUsize::MIN,
+        "one thread on a single Redis"
     );
+}
+
+/// Unset, `worker_threads` is one on a single Redis and one per core on a
+/// cluster; set, it is what the file says, on either.
+#[test]
+fn worker_threads_follow_the_redis_unless_set() {
+    let parse = |text: &str| {
+        Config::parse(text, "batcher.toml")
+            .unwrap()
+            .worker_threads()
+    };
+    let cores = std::thread::available_parallelism().unwrap();
+    let cluster = "[redis]\ncluster_nodes = [\"redis://127.0.0.1:7000\"]\n";
+    assert_eq!(parse(""), NonZeroUsize::MIN);
+    assert_eq!(
+        parse("[redis]\nurl = \"redis://127.0.0.1:6379\"\n"),
+        NonZeroUsize::MIN
+    );
+    assert_eq!(parse(cluster), cores);
+    let three = NonZeroUsize::new(3).unwrap();
+    assert_eq!(parse("worker_threads = 3\n"), three);
+    assert_eq!(parse(&format!("worker_threads = 3\n{cluster}")), three);
 }
 
 /// The config block of docs/configuration.md parses, and spells out every

@@ -65,14 +65,12 @@ fn ensure(
 /// Checks every rule but the guard-rail tables' (`guard::check`); the
 /// first one broken is the error.
 pub(super) fn check(config: &Config) -> Result<(), Violation> {
+    let threads = config.worker_threads();
     ensure(
-        config.worker_threads.get() <= MAX_WORKER_THREADS,
+        threads.get() <= MAX_WORKER_THREADS,
         &[],
         "worker_threads",
-        || {
-            let got = config.worker_threads;
-            format!("must be from 1 to {MAX_WORKER_THREADS}, got {got}")
-        },
+        || format!("must be from 1 to {MAX_WORKER_THREADS}, got {threads}"),
     )?;
     limits(&config.limits)?;
     redis(&config.redis)?;
