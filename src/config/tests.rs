@@ -73,33 +73,21 @@ fn example_parses() {
     // Everything not in the file is at its default.
     assert_eq!(c.limits, Limits::default());
     assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
-    assert_eq!(
-        c.worker_threads(),
-        NonZeroUsize::MIN,
-        "one thread on a single Redis"
-    );
+    assert_eq!(c.worker_threads, None);
 }
 
 /// Unset, `worker_threads` is one on a single Redis and one per core on a
 /// cluster; set, it is what the file says, on either.
 #[test]
 fn worker_threads_follow_the_redis_unless_set() {
-    let parse = |text: &str| {
-        Config::parse(text, "batcher.toml")
-            .unwrap()
-            .worker_threads()
-    };
-    let cores = std::thread::available_parallelism().unwrap();
+    let threads = |text: &str| parse(text).unwrap().worker_threads().get();
+    let cores = std::thread::available_parallelism().unwrap().get();
     let cluster = "[redis]\ncluster_nodes = [\"redis://127.0.0.1:7000\"]\n";
-    assert_eq!(parse(""), NonZeroUsize::MIN);
-    assert_eq!(
-        parse("[redis]\nurl = \"redis://127.0.0.1:6379\"\n"),
-        NonZeroUsize::MIN
-    );
-    assert_eq!(parse(cluster), cores);
-    let three = NonZeroUsize::new(3).unwrap();
-    assert_eq!(parse("worker_threads = 3\n"), three);
-    assert_eq!(parse(&format!("worker_threads = 3\n{cluster}")), three);
+    assert_eq!(threads(""), 1);
+    assert_eq!(threads("[redis]\nurl = \"redis://127.0.0.1:6379\"\n"), 1);
+    assert_eq!(threads(cluster), cores);
+    assert_eq!(threads("worker_threads = 3\n"), 3);
+    assert_eq!(threads(&format!("worker_threads = 3\n{cluster}")), 3);
 }
 
 /// The config block of docs/configuration.md parses, and spells out every
