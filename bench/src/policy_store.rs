@@ -4,6 +4,10 @@
 //!   ImportPolicies of 100,000 exact areas and 100 globs (quick: 10,000 and
 //!   100), divided by the policies imported; and the service's VmRSS with
 //!   them over its RSS with the bench's own patterns only;
+//! - adds during the import: one caller adds one item after another to the
+//!   same instance while it takes the import, on a connection of its own:
+//!   the slowest add of that time (the import's work must not hold the
+//!   instance's other calls up);
 //! - start-up: a fresh service process, from its spawn to its first
 //!   accepted Add (adds wait for the store to be loaded), over the big
 //!   store and over the small one;
@@ -46,6 +50,9 @@ pub struct PolicyStoreRun {
     pub areas: usize,
     pub globs: usize,
     pub import: Duration,
+    /// Adds made during the import, and the slowest of them.
+    pub adds_during_import: usize,
+    pub slowest_add_during_import: Duration,
     pub redis_bytes: u64,
     pub rss_small_kib: u64,
     pub rss_big_kib: u64,
@@ -81,9 +88,17 @@ pub async fn run(redis_url: &str, base: &str, quick: bool) -> Result<PolicyStore
     let rss_small_kib = rss_kib(small.pid()).unwrap_or(0);
     let mut client = load::connect(small.addr).await?;
     let memory_before = used_memory(redis_url).await?;
+    let prober = load::connect(small.addr).await?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let probing = tokio::spawn(probe_adds(prober, stop.clone()));
     let began = Instant::now();
-    import(&mut client, areas, globs).await?;
+    let imported = import(&mut client, areas, globs).await;
     let import_took = began.elapsed();
+    stop.cancel();
+    let (adds_during_import, slowest_add_during_import) = probing
+        .await
+        .map_err(|e| format!("the add prober failed: {e}"))??;
+    imported?;
     let redis_bytes = used_memory(redis_url).await?.saturating_sub(memory_before);
     drop(small);
 
@@ -99,6 +114,8 @@ pub async fn run(redis_url: &str, base: &str, quick: bool) -> Result<PolicyStore
         areas,
         globs,
         import: import_took,
+        adds_during_import,
+        slowest_add_during_import,
         redis_bytes,
         rss_small_kib,
         rss_big_kib,
@@ -130,6 +147,26 @@ async fn start(text: &str) -> Result<(ServiceProc, Duration), String> {
     });
     first_add.await.map_err(|e| e.to_string())??;
     Ok((service, began.elapsed()))
+}
+
+/// Adds one item after another through `client` until `stop`: how many,
+/// and the slowest.
+async fn probe_adds(
+    mut client: Client,
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<(usize, Duration), String> {
+    let (mut adds, mut slowest) = (0, Duration::ZERO);
+    while !stop.is_cancelled() {
+        let add = load::add_request("pc-probe".into(), format!("probe-{adds}"));
+        let began = Instant::now();
+        client
+            .add(add)
+            .await
+            .map_err(|s| format!("an add during the import: {s}"))?;
+        slowest = slowest.max(began.elapsed());
+        adds += 1;
+    }
+    Ok((adds, slowest))
 }
 
 /// One ImportPolicies of `areas` exact areas and `globs` globs.
@@ -348,7 +385,8 @@ pub fn report(results: &mut Results, r: &PolicyStoreRun) {
         Verdict::of(extra <= RESOLVE_TARGET_NS),
     ));
     results.notes.push(format!(
-        "13. Policy store: one ImportPolicies of {} policies took {:.1} s and grew Redis \
+        "13. Policy store: one ImportPolicies of {} policies took {:.1} s (one caller's {} \
+         adds to the same instance meanwhile: the slowest {:.1} ms) and grew Redis \
          used_memory by {:.1} MiB; service VmRSS {:.1} MiB with them, {:.1} MiB with the \
          bench's own patterns. The add script gets the resolved policy, so Redis's \
          instructions per item do not depend on the store's size; the lookup is timed in \
@@ -356,6 +394,8 @@ pub fn report(results: &mut Results, r: &PolicyStoreRun) {
          the big table after {CHANGED_AREAS} single-area changes, as a live instance holds it.",
         r.areas + r.globs,
         r.import.as_secs_f64(),
+        r.adds_during_import,
+        r.slowest_add_during_import.as_secs_f64() * 1000.0,
         r.redis_bytes as f64 / 1048576.0,
         r.rss_big_kib as f64 / 1024.0,
         r.rss_small_kib as f64 / 1024.0,
