@@ -207,7 +207,7 @@ impl Document<'_> {
              yardsticks our code cannot move judge them: `bench/peer/run` compares rows 1 \
              and 2 with BullMQ in the same sitting, and `batcher-bench instructions` counts \
              the Redis instructions per added item. What they gave, sitting by sitting, is \
-             in [docs/sittings/](docs/sittings/README.md).\n"
+             in [bench/sittings/](bench/sittings/README.md).\n"
         );
         let _ = writeln!(out, "- Command: `{}`", self.command);
         let _ = writeln!(out, "- Mode: {}", self.mode);

@@ -19,7 +19,7 @@
 //! What the count leaves out:
 //! - the kernel's part, such as the sockets' system calls, since callgrind
 //!   counts user space only; ours makes fewer of them than the floor
-//!   (`docs/sittings/40-ea494c0-machine-cpu.md`);
+//!   (`bench/sittings/40-ea494c0-machine-cpu.md`);
 //! - Redis.
 //!
 //! What runs on a timer in the service, such as the sweeper's wake-ups, is

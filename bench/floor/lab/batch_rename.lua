@@ -1,5 +1,5 @@
 -- A CANDIDATE WAY TO WRITE A BATCH, measured against floor_dedup.lua
--- (docs/sittings/32-36a55c5-dedup.md); not a yardstick, and not what
+-- (bench/sittings/32-36a55c5-dedup.md); not a yardstick, and not what
 -- batcher runs.
 --
 -- floor_dedup.lua with a flush that copies no item through Lua: the

@@ -1,5 +1,5 @@
 -- A CANDIDATE LAYOUT OF THE DEDUP WINDOW, measured against floor_dedup.lua
--- (docs/sittings/32-36a55c5-dedup.md); not a yardstick, and not what
+-- (bench/sittings/32-36a55c5-dedup.md); not a yardstick, and not what
 -- batcher runs.
 --
 -- floor_dedup.lua with the window in two hashes, one per generation, in

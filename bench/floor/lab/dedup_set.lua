@@ -1,7 +1,7 @@
 -- A LOWER BOUND, NOT A CORRECT ADD: floor_dedup.lua with its window in a
 -- plain set that never forgets (SMISMEMBER, then SADD of the flushed
 -- members), the least that any dict-based dedup costs per item. Measured
--- against floor_dedup.lua (docs/sittings/32-36a55c5-dedup.md); not a
+-- against floor_dedup.lua (bench/sittings/32-36a55c5-dedup.md); not a
 -- yardstick, and not what batcher runs.
 --
 -- KEYS: the shard's due zset, its stream, its set, then one hash per group.
