@@ -13,16 +13,11 @@
 //
 //   node floor.mjs --redis-port P --redis-pid PID
 //     --script floor.lua|floor_dedup.lua|floor_batch.lua|floor_fields.lua|floor_counters.lua
-//              |lab/dedup_generations.lua|lab/dedup_set.lua|lab/batch_rename.lua
 //     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1] [--fcall 1 [--ballast N]]
 //     [--reload-batcher 1] [--spread S]
 //
 // Every script but floor.lua gets the shard's flushed set and a 10-minute
-// window, the service's default; lab/dedup_generations.lua gets a second
-// key after it, its other generation, and lab/batch_rename.lua a batch key
-// after each group's hash. The scripts under lab/ are candidates that a
-// sitting measured beside the floors, not yardsticks. Prints one line of
-// JSON.
+// window, the service's default. Prints one line of JSON.
 //
 // With --fcall 1 the script runs as a function (FCALL) of a library of its
 // own in Redis's functions VM, where batcher's library lives, its globals
@@ -55,7 +50,7 @@ import { parseFlags, redisCpu } from './common.mjs';
 const flags = parseFlags('floor.mjs');
 const script = flags.script ?? 'floor.lua';
 const SCRIPTS = ['floor.lua', 'floor_dedup.lua', 'floor_batch.lua', 'floor_fields.lua',
-  'floor_counters.lua', 'lab/dedup_generations.lua', 'lab/dedup_set.lua', 'lab/batch_rename.lua'];
+  'floor_counters.lua'];
 if (!SCRIPTS.includes(script)) {
   console.error(`floor.mjs: --script must be one of ${SCRIPTS.join(', ')}, not ${script}`);
   process.exit(2);
@@ -174,7 +169,6 @@ function shardCall(caller, seq, shard, n, at) {
   const args = [MAX_ITEMS, MAX_WAIT_MS];
   if (dedup) {
     keys.push(`${tag}:flushed`);
-    if (script === 'lab/dedup_generations.lua') keys.push(`${tag}:flushed:odd`);
     args.push(WINDOW_MS);
   }
   const groups = new Map();
@@ -185,7 +179,6 @@ function shardCall(caller, seq, shard, n, at) {
       g = groups.size + 1;
       groups.set(k, g);
       keys.push(`${tag}:g:${k}`);
-      if (script === 'lab/batch_rename.lua') keys.push(`${tag}:b:${run}-${caller}-${seq}-${g}`);
     }
     args.push(g, `${run}-${String(caller).padStart(4, '0')}-${String(at + i).padStart(16, '0')}`, payload);
   }

@@ -16,15 +16,13 @@
 //! `reports.rs` and `cluster_report.rs` (results to rows and notes),
 //! `report.rs` (the table and BENCHMARKS.md),
 //! `method.rs` (its "How each figure is computed") and `charts/` (its SVG
-//! charts, drawn with plotters), `instructions/` (the
-//! `instructions` subcommand) and `service_instructions.rs` (the
-//! `service-instructions` subcommand).
+//! charts, drawn with plotters) and `instructions/` (the
+//! `instructions` subcommand).
 //!
 //! ```sh
 //! cargo run --release --bin batcher-bench              # full run, writes BENCHMARKS.md
 //! cargo run --release --bin batcher-bench -- --quick   # smoke run (CI), well under 2 minutes
 //! cargo run --bin batcher-bench -- instructions --check bench/instructions.toml   # CI
-//! cargo run --release --bin batcher-bench -- service-instructions    # the service's instructions per unary add
 //! ```
 //!
 //! `batcher-bench instructions` is a yardstick of the add path that the
@@ -225,7 +223,6 @@ mod scale;
 mod scenarios;
 mod serve;
 mod service;
-mod service_instructions;
 mod store_load;
 mod tracing_cost;
 
@@ -316,9 +313,6 @@ enum Command {
     /// Counts the Redis instructions per added item under callgrind, and
     /// writes or checks the baseline (bench/instructions.toml).
     Instructions(instructions::Opts),
-    /// Counts the service's own instructions per unary Add under callgrind,
-    /// beside the frozen service floor's (see service_instructions.rs).
-    ServiceInstructions(service_instructions::Opts),
     /// Runs batcher's add path without the service, as floor.mjs runs the
     /// floors (see store_load.rs).
     #[command(name = "__store_load", hide = true)]
@@ -345,13 +339,6 @@ fn main() -> ExitCode {
             return hidden("__floor_serve_many", future, drop);
         }
         Some(Command::Instructions(opts)) => return instructions::main(opts),
-        Some(Command::ServiceInstructions(opts)) => {
-            return hidden(
-                "service-instructions",
-                service_instructions::run(opts),
-                drop,
-            );
-        }
         Some(Command::StoreLoad(opts)) => {
             return hidden("__store_load", store_load::run(opts), |line| {
                 println!("{line}")

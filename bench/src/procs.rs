@@ -19,8 +19,6 @@ use tempfile::TempDir;
 
 /// How long the service may take to report its address.
 const SERVICE_START: Duration = Duration::from_secs(20);
-/// The same under valgrind, which runs it some fifty times slower.
-const VALGRIND_START: Duration = Duration::from_secs(180);
 
 /// Starts the bench's own `redis-server` on a free loopback port, with no
 /// persistence, in a temporary directory that is removed on drop.
@@ -81,35 +79,9 @@ impl ServiceProc {
         ServiceProc::spawn(&args, &[]).await
     }
 
-    /// Starts this binary with `args` (`__serve …` or `__floor_serve …`) under
-    /// `valgrind` with `valgrind_args` (the tool and its options), and waits
-    /// for the address it reports, however long valgrind takes to start it.
-    pub async fn start_under_valgrind(
-        valgrind_args: &[String],
-        args: &[&str],
-    ) -> Result<ServiceProc, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-        let mut all: Vec<String> = valgrind_args.to_vec();
-        all.push(exe.to_string_lossy().into_owned());
-        all.extend(args.iter().map(|a| a.to_string()));
-        let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        ServiceProc::spawn_program("valgrind".as_ref(), &all, &[], VALGRIND_START).await
-    }
-
     /// Starts this binary with `args` and waits for the address it reports.
     async fn spawn(args: &[&str], env: &[(&str, String)]) -> Result<ServiceProc, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-        ServiceProc::spawn_program(exe.as_os_str(), args, env, SERVICE_START).await
-    }
-
-    /// Starts `program` with `args` and waits up to `timeout` for the
-    /// address it reports.
-    async fn spawn_program(
-        program: &std::ffi::OsStr,
-        args: &[&str],
-        env: &[(&str, String)],
-        timeout: Duration,
-    ) -> Result<ServiceProc, String> {
+        let program = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
         let dir = tempfile::Builder::new()
             .prefix("batcher-bench-")
             .tempdir()
@@ -118,7 +90,7 @@ impl ServiceProc {
         let spawn = Spawn::new(program, dir.path().join("stdout.log"), listening)
             .args(args)
             .stderr_inherit()
-            .timeout(timeout);
+            .timeout(SERVICE_START);
         let spawn = env
             .iter()
             .fold(spawn, |spawn, (key, value)| spawn.env(key, value));

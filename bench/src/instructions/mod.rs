@@ -151,14 +151,6 @@
 //! (`callgrind_annotate --show=Ir,DLmr,DLmw --sort=DLmr` on a kept dump):
 //! the table still gives instructions alone.
 //!
-//! `BATCHER_LIBRARY_CODE=FILE` runs our shapes with that code of the
-//! library in place of the built one: `bench/peer/variants --dump FILE`
-//! writes the built code, and an edit of it that keeps its first line (the
-//! library's name, which the store calls) is counted in about 25 s with
-//! `--check`, without a rebuild. The count of an edit is as steady as
-//! ours, where its time (`bench/peer/variants`) moves by 10% from run to
-//! run. `--write` refuses it.
-//!
 //! Layout: this file (the options, and the run: measure every shape, compare,
 //! check or write), `shapes.rs` (the shapes, their seeded items and their
 //! policies), `profiled.rs` (a redis-server under callgrind, and the Redis
@@ -179,8 +171,8 @@ use std::time::Instant;
 
 use baseline::{Baseline, MAX_RISE, print_table};
 use floors::run_floor;
+use profiled::check_tools;
 use profiled::{Profiled, RedisBuild};
-pub(crate) use profiled::{check_tools, dump_counts};
 use routes::{run_peer, run_store};
 use shapes::{PEER_SHAPES, Policies, Route, SHAPES, Shape, policies};
 
@@ -292,25 +284,6 @@ pub fn main(opts: Opts) -> ExitCode {
 
 async fn run(opts: Opts) -> ExitCode {
     let started = Instant::now();
-    match routes::library_variant() {
-        Ok(None) => {}
-        Ok(Some(_)) if opts.write.is_some() => {
-            eprintln!(
-                "batcher-bench instructions: --write takes our own library only; unset {}",
-                routes::VARIANT_VAR
-            );
-            return ExitCode::FAILURE;
-        }
-        Ok(Some(_)) => eprintln!(
-            "our shapes run the library code of {}={}",
-            routes::VARIANT_VAR,
-            std::env::var(routes::VARIANT_VAR).unwrap_or_default()
-        ),
-        Err(e) => {
-            eprintln!("batcher-bench instructions: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
     // A check counts only the shapes it checks: the floors are frozen and
     // held to nothing, and they are four fifths of the work.
     let shapes: Vec<&Shape> = SHAPES

@@ -14,7 +14,7 @@ use redis::aio::MultiplexedConnection;
 pub(super) const TOGGLE: &str = "processInputBuffer";
 
 /// Fails early, with the fix, when valgrind or callgrind_control is missing.
-pub(crate) fn check_tools() -> Result<(), String> {
+pub(super) fn check_tools() -> Result<(), String> {
     for tool in ["valgrind", "callgrind_control"] {
         let found = std::process::Command::new(tool)
             .arg("--version")
@@ -117,12 +117,7 @@ impl Profiled {
 /// `--vgdb-prefix=<vgdb_prefix>` and `--callgrind-out-file=<out>`) dump
 /// its counts, which zeroes them, as its `n`-th dump, and returns the
 /// instructions it counted since the dump before (or its start).
-pub(crate) async fn dump_counts(
-    pid: u32,
-    vgdb_prefix: &Path,
-    out: &Path,
-    n: u32,
-) -> Result<u64, String> {
+async fn dump_counts(pid: u32, vgdb_prefix: &Path, out: &Path, n: u32) -> Result<u64, String> {
     let output = tokio::process::Command::new("callgrind_control")
         .arg(format!("--vgdb-prefix={}", vgdb_prefix.display()))
         .arg("-d")

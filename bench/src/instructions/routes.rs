@@ -10,7 +10,6 @@ use std::time::Duration;
 use batcher::batch::Item;
 use batcher::batch::{AddOutcome, AddResult};
 use batcher::keys::Keyspace;
-use batcher::scripts;
 use batcher::store::{NewItem, RedisTarget, Store, Timeouts};
 use redis::aio::MultiplexedConnection;
 
@@ -35,38 +34,6 @@ pub(super) fn keyspace(shards: u16) -> Keyspace {
 /// Milliseconds since the Unix epoch, on the host clock.
 pub(super) fn now_ms() -> u64 {
     load::now_micros() / 1000
-}
-
-/// The variable that names a variant of our library's code for the store
-/// shapes to run in place of the built one (see the docs of [`super`]).
-pub(super) const VARIANT_VAR: &str = "BATCHER_LIBRARY_CODE";
-
-/// The variant's code, when [`VARIANT_VAR`] names a file.
-pub(super) fn library_variant() -> Result<Option<String>, String> {
-    let Ok(path) = std::env::var(VARIANT_VAR) else {
-        return Ok(None);
-    };
-    std::fs::read_to_string(&path)
-        .map(Some)
-        .map_err(|e| format!("{VARIANT_VAR}={path}: {e}"))
-}
-
-/// Loads `code` as our library, before the warm-up. It must keep the
-/// library's name (its first line), so that the store's calls reach it.
-async fn load_variant(conn: &mut MultiplexedConnection, code: &str) -> Result<(), String> {
-    let ours = format!("#!lua name=batcher_{}", scripts::LIBRARY.version);
-    if code.lines().next() != Some(ours.as_str()) {
-        return Err(format!(
-            "{VARIANT_VAR}: the variant's first line must be {ours:?}, so that the store calls it"
-        ));
-    }
-    redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(code)
-        .query_async::<String>(conn)
-        .await
-        .map(drop)
-        .map_err(|e| format!("{VARIANT_VAR}: FUNCTION LOAD: {e}"))
 }
 
 /// A store on the profiled Redis, under the shapes' policies.
@@ -127,12 +94,8 @@ pub(super) async fn run_store(
             requeue_of: None,
         }
     };
-    // Warm-up: loads whatever the store runs (a variant loaded first is
-    // what it finds by name, and runs), then leaves Redis empty.
+    // Warm-up: loads whatever the store runs, then leaves Redis empty.
     let mut conn = connection(redis.url()).await?;
-    if let Some(code) = library_variant()? {
-        load_variant(&mut conn, &code).await?;
-    }
     let warm = NewItem {
         key: "warm-up".into(),
         ..new_item(&sequence(1)[0], now_ms())
