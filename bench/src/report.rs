@@ -199,15 +199,22 @@ impl Document<'_> {
             .collect();
         let mut out = String::new();
         let _ = writeln!(out, "# Benchmarks\n");
+        out.push_str(&headline(
+            self.rows,
+            self.sitting,
+            self.machine,
+            self.command,
+            self.commit,
+        ));
         let _ = writeln!(
             out,
-            "Written by `batcher-bench` (`bench/src/`); rerun it to refresh \
-             this file. Redis, the service and the load generator share one machine, so \
-             the throughputs here are reference figures of this machine and run. Two \
-             yardsticks our code cannot move judge them: `bench/peer/run` compares rows 1 \
-             and 2 with BullMQ in the same sitting, and `batcher-bench instructions` counts \
-             the Redis instructions per added item. What they gave, sitting by sitting, is \
-             in [bench/sittings/](bench/sittings/README.md).\n"
+            "## Every row\n\n\
+             Written by `batcher-bench` (`bench/src/`); rerun it to refresh this file. \
+             Redis, the service and the load generator share one machine, so the \
+             throughputs are figures of this machine and run; the section of \
+             `bench/peer/run` below judges the add path against BullMQ and the frozen \
+             floors in one sitting. [Benchmarks](docs/benchmarks.md) says what each row \
+             means; [bench/sittings/](bench/sittings/README.md) holds every sitting.\n"
         );
         let _ = writeln!(out, "- Command: `{}`", self.command);
         let _ = writeln!(out, "- Mode: {}", self.mode);
@@ -261,6 +268,124 @@ impl Document<'_> {
             self.config
         );
         out
+    }
+}
+
+/// The table BENCHMARKS.md opens with: the headline figures against BullMQ
+/// (the medians of the kept `sitting`, see [`Sitting::parse`]), then this
+/// run's rows 3, 4 and 6, with the machine and the commands.
+fn headline(rows: &[Row], sitting: &str, machine: &Machine, command: &str, commit: &str) -> String {
+    let mut out = String::from(
+        "| figure | batcher | BullMQ, same sitting | batcher / BullMQ |\n|---|---|---|---|\n",
+    );
+    let peer = Sitting::parse(sitting);
+    if let Some(peer) = &peer {
+        let shapes = [
+            ("AddMany", "`addBulk` of 100", &peer.add_many),
+            ("unary Add", "`add`", &peer.add),
+        ];
+        for (ours, theirs, m) in shapes {
+            let _ = writeln!(
+                out,
+                "| {ours} (vs {theirs}): items per second | {} | {} | {} |",
+                m.rate, m.peer_rate, m.rate_ratio
+            );
+            let _ = writeln!(
+                out,
+                "| {ours} (vs {theirs}): Redis CPU per item | {} µs | {} µs | {} |",
+                m.us, m.peer_us, m.cost_ratio
+            );
+        }
+    }
+    for id in ["4. ", "3. ", "6. "] {
+        if let Some(row) = rows.iter().find(|r| r.scenario.starts_with(id)) {
+            let name = row.scenario.trim_start_matches(id);
+            let _ = writeln!(out, "| {name} | {} | | |", row.figure.replace('|', "\\|"));
+        }
+    }
+    out.push('\n');
+    match &peer {
+        Some(peer) => {
+            let _ = writeln!(
+                out,
+                "BullMQ {}; the first four rows are the medians over the pairs of {}, \
+                 each side on a fresh redis-server, alternating (the sitting's section \
+                 below). The other rows are from `{command}` at {commit}.",
+                peer.version, peer.run
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "No sitting against BullMQ yet: `bench/peer/run` adds its rows. The rows \
+                 are from `{command}` at {commit}."
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "Machine: {} cores, {}; Redis, the service and the load share it. \
+         Above 1× is faster for a rate, dearer for CPU.\n",
+        machine.cores, machine.cpu_model
+    );
+    out
+}
+
+/// One shape's medians in the sitting's table, as it wrote them.
+#[derive(Debug, PartialEq)]
+struct Medians {
+    rate: String,
+    us: String,
+    peer_rate: String,
+    peer_us: String,
+    rate_ratio: String,
+    cost_ratio: String,
+}
+
+/// What the headline takes of the section `bench/peer/run` wrote.
+#[derive(Debug, PartialEq)]
+struct Sitting {
+    /// "`bench/peer/run --pairs 3` at 663ee41, 2026-11-29 08:01 UTC".
+    run: String,
+    version: String,
+    add_many: Medians,
+    add: Medians,
+}
+
+impl Sitting {
+    /// Reads `bench/peer/sitting.mjs`'s section: the line that opens with
+    /// the command, and the `| median | AddMany/addBulk |` and
+    /// `| median | Add/add |` rows of its table. None when it has none.
+    fn parse(section: &str) -> Option<Sitting> {
+        let line = section.lines().find(|l| l.starts_with("`bench/peer/run"))?;
+        let (run, rest) = line.split_once(", BullMQ ")?;
+        let version = rest.split(':').next()?.trim().to_string();
+        let medians = |shape: &str| {
+            let prefix = format!("| median | {shape} |");
+            let row = section.lines().find(|l| l.starts_with(&prefix))?;
+            let cells: Vec<&str> = row[prefix.len()..]
+                .split('|')
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .collect();
+            let [rate, us, peer_rate, peer_us, rate_ratio, cost_ratio] = cells[..] else {
+                return None;
+            };
+            Some(Medians {
+                rate: rate.into(),
+                us: us.into(),
+                peer_rate: peer_rate.into(),
+                peer_us: peer_us.into(),
+                rate_ratio: rate_ratio.into(),
+                cost_ratio: cost_ratio.into(),
+            })
+        };
+        Some(Sitting {
+            run: run.to_string(),
+            version,
+            add_many: medians("AddMany/addBulk")?,
+            add: medians("Add/add")?,
+        })
     }
 }
 
@@ -366,6 +491,25 @@ impl Results {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The headline reads the medians of the section sitting.mjs writes.
+    #[test]
+    fn the_headline_reads_the_sitting_medians() {
+        let section = "## Against BullMQ\n\n\
+            `bench/peer/run --pairs 3` at 663ee41, 2026-11-29 08:01 UTC, BullMQ 6.7.0: batcher's ...\n\n\
+            | pair | shape | a | b | c | d | e | f |\n|---|---|---|---|---|---|---|---|\n\
+            | median | AddMany/addBulk | 112370 | 8.8 | 55440 | 14.3 | 2.02× | 0.61× |\n\
+            | median | Add/add | 30817 | 13.4 | 61753 | 15.1 | 0.50× | 0.89× |\n";
+        let sitting = Sitting::parse(section).expect("a sitting");
+        assert_eq!(
+            sitting.run,
+            "`bench/peer/run --pairs 3` at 663ee41, 2026-11-29 08:01 UTC"
+        );
+        assert_eq!(sitting.version, "6.7.0");
+        assert_eq!(sitting.add_many.rate, "112370");
+        assert_eq!(sitting.add.cost_ratio, "0.89×");
+        assert!(Sitting::parse(&kept_sitting(std::path::Path::new("/nonexistent"))).is_none());
+    }
 
     /// A rerun of the bench keeps the section bench/peer/run wrote, and a
     /// report without one gets the markers for the next sitting.
