@@ -107,9 +107,8 @@ impl NamedService for Floor {
 /// `LISTENING <addr>`. Both sides have Nagle's algorithm off
 /// (`TCP_NODELAY`), as any service must that answers small replies: with
 /// it on, a reply written in parts waits for the peer's delayed ACK, and
-/// the AddMany floor served scenario 1 at a third of its rate, its Redis
-/// half idle (docs/benchmarks.md, "The service, against a frozen service
-/// floor").
+/// the AddMany floor served scenario 1 at a third of its rate
+/// (bench/sittings/history.md, "The service, against a frozen service floor").
 pub(crate) async fn start(
     redis_url: &str,
 ) -> Result<(redis::aio::MultiplexedConnection, TcpIncoming), String> {

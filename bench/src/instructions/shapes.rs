@@ -200,8 +200,7 @@ pub(super) const SHAPES: [Shape; 14] = [
 
 /// Jobs of `bullmq_addbulk` and `bullmq_add`: BullMQ does more per job than
 /// we do per item, so fewer of them keep the run short (twice as many moved
-/// the per-job figures by 0.3% and less: 156,454 to 156,855 and 157,024 to
-/// 156,641).
+/// the per-job figures by 0.3% and less).
 const PEER_JOBS: usize = 2_000;
 const PEER_UNARY_JOBS: usize = 500;
 
