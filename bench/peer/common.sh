@@ -53,8 +53,7 @@ last_json() {
 # floor_counters.lua beside batcher's library: on a fresh redis-server, $2 s
 # of our add path without the service (batcher-bench __store_load --spread
 # all, as scenario 1 spreads its items: the library loaded, its Lua heap
-# grown), the library then kept ($1 = kept), loaded anew (loaded: its code
-# resident, what its calls made gone) or deleted (FUNCTION DELETE), then
+# grown), the library then kept ($1 = kept) or deleted (FUNCTION DELETE), then
 # the floor as a function of its own in the same Lua VM (floor.mjs --fcall
 # 1) on the same data; its JSON line is appended to $3. Arguments after $3
 # go to floor.mjs in place of `--script floor_counters.lua --fcall 1` (e.g.
@@ -73,9 +72,7 @@ floor_beside_library() {
       redis-cli -p "$redis_port" FUNCTION DELETE "$lib" >/dev/null
     done
   fi
-  local reload=0
-  if [ "$arm" = loaded ]; then reload=1; fi
   node "$here/floor.mjs" --redis-port "$redis_port" --redis-pid "$redis_pid" \
-    "${floor[@]}" --reload-batcher "$reload" | tee -a "$out" >&2
+    "${floor[@]}" | tee -a "$out" >&2
   stop_redis
 }

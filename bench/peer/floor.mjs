@@ -13,22 +13,14 @@
 //
 //   node floor.mjs --redis-port P --redis-pid PID
 //     --script floor.lua|floor_dedup.lua|floor_batch.lua|floor_fields.lua|floor_counters.lua
-//     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1] [--fcall 1 [--ballast N]]
-//     [--reload-batcher 1] [--spread S]
+//     [--callers 16] [--bulk 100] [--seconds 10] [--warmup 1] [--fcall 1] [--spread S]
 //
 // Every script but floor.lua gets the shard's flushed set and a 10-minute
 // window, the service's default. Prints one line of JSON.
 //
 // With --fcall 1 the script runs as a function (FCALL) of a library of its
 // own in Redis's functions VM, where batcher's library lives, its globals
-// read once a call; with --ballast N that library also keeps N small tables
-// alive there (about 0.2 KB each), which the Lua collector walks as it walks
-// batcher's library, and the JSON gives the VM's live heap after the run
-// (functions_heap_kb). Each run draws its own ids, so runs may share a Redis.
-//
-// With --reload-batcher 1 it first loads batcher's library anew (FUNCTION
-// LOAD REPLACE of the code it finds there): its code stays resident, and
-// what its calls made (memos, the add's arrays) goes.
+// read once a call. Each run draws its own ids, so runs may share a Redis.
 //
 // With --spread S (S of 2, 4, 8 or 16) a call's items are drawn over S
 // shards, not one: the shards of one lane (shard s is in lane s mod 16/S,
@@ -77,15 +69,6 @@ if (![1, 2, 4, 8, 16].includes(spread)) {
 const redis = new IORedis({ host: '127.0.0.1', port, maxRetriesPerRequest: null });
 const source = readFileSync(new URL(`../floor/${script}`, import.meta.url), 'utf8');
 const fcall = flags.fcall === '1' || spread > 1;
-if (flags['reload-batcher'] === '1') {
-  for (const library of await redis.call('FUNCTION', 'LIST', 'WITHCODE')) {
-    const at = library.indexOf('library_code');
-    if (String(library[1]).startsWith('batcher_') && at >= 0) {
-      await redis.call('FUNCTION', 'LOAD', 'REPLACE', library[at + 1]);
-    }
-  }
-}
-const ballast = Number(flags.ballast ?? 0);
 let sha = null;
 if (spread > 1) {
   // ARGV[1]: the count of sections n, then per section the counts of its
@@ -109,20 +92,14 @@ if (spread > 1) {
     '  end',
     '  return replies',
     'end)',
-    'redis.register_function { function_name = \'floor_lab_heap\', flags = { \'no-writes\' },',
-    "  callback = function() collectgarbage('collect') return { math.floor(collectgarbage('count')), 0 } end }",
   ].join('\n'));
 } else if (fcall) {
   await redis.call('FUNCTION', 'LOAD', 'REPLACE', [
     '#!lua name=floor_lab',
-    'local ballast = {}',
-    `for i = 1, ${ballast} do ballast[i] = { i, i + 1, i + 2, 'b' .. i } end`,
     "redis.register_function('floor_lab', function(KEYS, ARGV)",
     'local redis, tonumber, string, struct, math, unpack = redis, tonumber, string, struct, math, unpack',
     source,
     'end)',
-    'redis.register_function { function_name = \'floor_lab_heap\', flags = { \'no-writes\' },',
-    "  callback = function() collectgarbage('collect') return { math.floor(collectgarbage('count')), #ballast } end }",
   ].join('\n'));
 } else {
   sha = await redis.script('LOAD', source);
@@ -218,7 +195,6 @@ async function caller(c) {
   }
 }
 await Promise.all([...Array.from({ length: callers }, (_, c) => caller(c)), meter]);
-const heap = fcall ? await redis.call('FCALL', 'floor_lab_heap', 0) : null;
 await redis.quit();
 
 if (added !== items) {
@@ -228,9 +204,5 @@ if (added !== items) {
 const out = { floor: basename(script, '.lua'), callers, bulk, spread, seconds, items, rate: items / seconds };
 if (cpuStart !== null) {
   out.redis_cpu_us_per_item = Number((((cpuEnd - cpuStart) * 1e6) / items).toFixed(2));
-}
-if (heap !== null) {
-  out.ballast = heap[1];
-  out.functions_heap_kb = heap[0];
 }
 console.log(JSON.stringify(out));

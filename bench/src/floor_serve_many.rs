@@ -4,13 +4,12 @@
 //! `floor_serve.rs` (row 2c, unary Add) it is a yardstick the service's own
 //! code cannot move.
 //!
-//! `batcher-bench __floor_serve_many --redis-url URL --script NAME` serves
+//! `batcher-bench __floor_serve_many --redis-url URL` serves
 //! `/batcher.v1.Batcher/AddMany` on a free loopback port (printing
 //! `LISTENING <addr>`, as `__serve` does) with tonic's default server and
 //! prost's codec, and nothing else: no layers, no validation, no metrics,
 //! no shards, no merging of calls. Each request is one `EVALSHA` of the
-//! floor script NAME of `bench/floor/` (`floor_dedup`, `floor_fields` or
-//! `floor_counters`; max_items 10, max_wait 1 h, a dedup window of 10
+//! floor script `bench/floor/floor_counters.lua` (max_items 10, max_wait 1 h, a dedup window of 10
 //! minutes, the service's default) on one multiplexed redis-rs
 //! connection: every key of the request in one hash tag, each distinct
 //! key's group once in KEYS, its items in order. Each item's reply is
@@ -32,16 +31,11 @@ use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
-/// The frozen floor scripts it can serve, by name (those of
-/// [`SCRIPT_NAMES`]): the same files `instructions` counts.
-const SCRIPTS: [(&str, &str); 3] = [
-    ("floor_dedup", include_str!("../floor/floor_dedup.lua")),
-    ("floor_fields", include_str!("../floor/floor_fields.lua")),
-    (
-        "floor_counters",
-        include_str!("../floor/floor_counters.lua"),
-    ),
-];
+/// The frozen floor script it serves: the floor of our layout, whose
+/// instructions per item our add matches (`batcher-bench instructions`).
+const SCRIPT: &str = include_str!("../floor/floor_counters.lua");
+/// Its name, as the rows give it.
+pub const SCRIPT_NAME: &str = "floor_counters";
 
 /// The floor's whole state: the script and one multiplexed connection.
 #[derive(Clone)]
@@ -139,24 +133,10 @@ impl NamedService for FloorMany {
     const NAME: &'static str = "batcher.v1.Batcher";
 }
 
-/// The names of the floor scripts it serves, as in [`SCRIPTS`].
-pub const SCRIPT_NAMES: [&str; 3] = ["floor_dedup", "floor_fields", "floor_counters"];
-
-/// The one it serves unless told otherwise: the floor of our layout, whose
-/// instructions per item our add matches (`batcher-bench instructions`).
-pub const DEFAULT_SCRIPT: &str = "floor_counters";
-
-/// Serves the floor script `script` until killed; errors end it with a
-/// message.
-pub async fn serve(redis_url: &str, script: &str) -> Result<(), String> {
-    let Some((_, code)) = SCRIPTS.iter().find(|(name, _)| *name == script) else {
-        return Err(format!(
-            "no floor script {script:?}; one of {}",
-            SCRIPT_NAMES.join(", ")
-        ));
-    };
+/// Serves the floor script until killed; errors end it with a message.
+pub async fn serve(redis_url: &str) -> Result<(), String> {
     let (redis, incoming) = crate::floor_serve::start(redis_url).await?;
-    let script = Arc::new(redis::Script::new(code));
+    let script = Arc::new(redis::Script::new(SCRIPT));
     tonic::transport::Server::builder()
         .add_service(FloorMany { script, redis })
         .serve_with_incoming(incoming)

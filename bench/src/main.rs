@@ -1,50 +1,11 @@
 //! `batcher-bench`: the benchmark harness of batcher.
 //!
-//! Layout: `main.rs` (this: the CLI and the dispatch to the hidden
-//! subcommands and `instructions`), `serve.rs` (the hidden `__serve`: the
-//! service under test),
-//! `service.rs` (the config under test and a fresh service per scenario),
-//! `results.rs` (runs the scenarios in order), one file per
-//! scenario (`ingest.rs`, `precision.rs`, `fanout.rs`, `scale.rs`,
-//! `remembered.rs`, `overload.rs`, `policies.rs`, `cluster.rs`, `calls.rs`) over `scenarios.rs` (what they share) and
-//! `load.rs` (load generation), `procs.rs` (child processes, started with
-//! the `batcher-testkit` crate that the integration tests use too; CPU and RSS),
-//! `floor_serve.rs` (the frozen service floor of row 2c),
-//! `floor_serve_many.rs` (the frozen AddMany service floor of row 1c),
-//! `store_load.rs` (the hidden `__store_load`: our add path without the
-//! service, driven as `bench/peer/floor.mjs` drives the floors),
-//! `reports.rs` and `cluster_report.rs` (results to rows and notes),
-//! `report.rs` (the table and BENCHMARKS.md),
-//! `method.rs` (its "How each figure is computed") and `charts/` (its SVG
-//! charts, drawn with plotters) and `instructions/` (the
-//! `instructions` subcommand).
-//!
 //! ```sh
 //! cargo run --release --bin batcher-bench              # full run, writes BENCHMARKS.md
 //! cargo run --release --bin batcher-bench -- --quick   # smoke run (CI), well under 2 minutes
+//! cargo run --release --bin batcher-bench -- --only 3,4
 //! cargo run --bin batcher-bench -- instructions --check bench/instructions.toml   # CI
 //! ```
-//!
-//! `batcher-bench instructions` is a yardstick of the add path that the
-//! machine cannot move: it runs a fixed, seeded workload (AddMany-sized and
-//! unary calls, with the plain policy and with every rule on, and the same
-//! items through the frozen floor script `bench/floor/floor.lua`) through
-//! `Store::add` against a redis-server under callgrind, and reports the
-//! Redis instructions per item, counted only while Redis parses and runs
-//! the commands. The counts repeat within about 0.1% whatever the load, so
-//! `--check` fails CI when a shape of ours rises more than 3%
-//! above the baseline `bench/instructions.toml` (`--write` regenerates it,
-//! in a commit that says why). It needs valgrind (`scripts/ensure-valgrind`);
-//! see `instructions/`.
-//!
-//! The report links four SVG charts, written to a directory next to it:
-//! `bench/` beside BENCHMARKS.md in a full run, `target/bench-quick/` with
-//! `--quick` and `target/bench-partial/` with `--only` (beside their reports),
-//! so CI draws every chart it has data for without touching the repository.
-//! They are: ingest throughput through the service (rows 1, 2, 9 and 11),
-//! the timeout lateness histogram
-//! (scenario 3), flush-to-subscriber latency by percentile (scenario 4), and
-//! p99 Add latency against open groups (scenario 5).
 //!
 //! By default it starts its own `redis-server` (free loopback port, temporary
 //! directory, no persistence) and runs the service as a child process (this
@@ -54,150 +15,46 @@
 //! Redis. `--redis-url` and `--service` target given ones instead; an external
 //! Redis is never flushed (every key and id carries a per-run tag), and an
 //! external service must run the config `--print-config` prints. Every child
-//! is killed when the bench exits, panics, or is interrupted.
+//! is killed when the bench exits, panics, or is interrupted. The exit status
+//! is 0 whatever the figures; it is 1 only if a scenario could not run at all.
 //!
 //! Redis, the service and the load generator share the machine, so the
-//! throughputs here are reference figures of this machine and run, and no
-//! row is a ratio to a measure made of our own code. Two yardsticks our code
-//! cannot move judge them instead: `bench/peer/run` compares throughput and
-//! Redis CPU per item with BullMQ's in the same sitting, and `batcher-bench
-//! instructions` counts the Redis instructions per item (above). The exit
-//! status is 0 whatever the figures; it is 1 only if a scenario could not
-//! run at all.
+//! throughputs are reference figures of this machine and run. Two yardsticks
+//! our code cannot move judge them instead: `bench/peer/run` compares
+//! throughput and Redis CPU per item with BullMQ's in the same sitting, and
+//! `batcher-bench instructions` counts the Redis instructions per item
+//! (`instructions/`; CI fails when a shape of ours rises more than 3% above
+//! `bench/instructions.toml`).
 //!
 //! # Scenarios
-//! 1. **Ingest through AddMany.** 16 callers over 4 HTTP/2 connections send
-//!    AddMany calls of 100 items, each under one of 10k keys at random
-//!    (policy: max_items 10), for 10 s (quick: 2 s) after a 1 s warm-up.
-//!    Figure: items added by calls that completed inside the window, divided
-//!    by the window; a reference figure, no target. Second figure
-//!    (row 1b): Redis CPU µs per added item, redis-server's user+sys CPU time
-//!    over the window (`/proc/<pid>/stat`, so only with the bench's own
-//!    Redis) divided by the items added in it. Target: ≤ 8 µs.
-//! 2. **Ingest through unary Add.** The same with 64 callers over 8
-//!    connections, one item per call. Figure: adds per second, call latency
-//!    p50/p99, and Redis CPU µs per added item; reference figures, no
-//!    target. Second figure (row 2b): the service's CPU µs per add, its
-//!    user+sys CPU time over the window (`/proc/<pid>/stat`, so only with the
-//!    bench's own service) divided by the adds completed in it. Target:
-//!    ≤ 20 µs.
-//! 3. **Timeout precision.** A subscriber is started, then 100k one-item
-//!    groups (quick: 5k) are opened evenly within 5 s (quick: 1 s), group i
-//!    under the key glob with max_wait (1 + i mod 12) × 5 s (quick: (1 + i mod
-//!    5) × 1 s), so due times spread evenly over 60 s (quick: 5 s). For each
-//!    batch received, lateness = flushed_at − (opened_at + max_wait), all on
-//!    the Redis clock, in whole milliseconds. Figure: p50, p99, max lateness,
-//!    and groups missed (no batch within 5 s of the last due time). Target:
-//!    p99 ≤ 5 ms, max ≤ 25 ms, none missed.
-//! 4. **Flush to subscriber.** 100 subscribers, each on its own connection,
-//!    subscribe to a key prefix; 100 groups per second are completed (AddMany
-//!    of 10 items under a fresh key, which flushes by SIZE) for 10 s (quick:
-//!    2 s). Latency = the subscriber's receive time (host clock) − the batch's
-//!    flushed_at (Redis clock, same host; Redis reports whole milliseconds, so
-//!    this overstates by 0–1 ms). Figure: p50/p99 over every delivery.
-//!    Target: p99 ≤ 5 ms. The service's RSS is sampled every 100 ms meanwhile.
-//! 5. **Scale.** 1k one-item groups (policy: max_items 1000, max_wait 1 h)
-//!    are opened and a fresh service is started over them. 4 probers then
-//!    each add one item under a fresh key and remove it again, 20k times in
-//!    all (quick: 4k) after a tenth as many unrecorded, so the probe opens a
-//!    group (the add path that also touches the due set) without changing the
-//!    count. That service then opens groups up to 1M (quick: 20k), and the
-//!    probe runs on another fresh service, so the two probes differ only in
-//!    the number of open groups (the probe on the service that did the
-//!    opening is reported too, as is Redis's time per script call during each
-//!    probe). The opening stops at each power of ten on the way (10k, 100k;
-//!    quick: 10k) for the same probe on that service, for the chart; its
-//!    groups/s and CPU leave the probes out. Figure: p99 Add latency at 1M /
-//!    at 1k. Target: ≤ 1.25.
-//! 6. **Redis memory per open group.** Redis `used_memory` after opening the
-//!    groups from 1k to 1M, minus before, divided by the groups opened (one
-//!    item each: 15-byte key, 25-byte id, 32-byte payload). Target: ≤ 400 bytes.
-//! 7. **Service RSS.** VmRSS of a fresh service after the probe, over 1k and
-//!    over 1M open groups: the same history, so a difference could only be
-//!    state held per open group. Also reported: the RSS of the service that
-//!    opened the 1M groups, after its probe, and the peak RSS while streaming
-//!    to 100 subscribers (scenario 4, sampled every 100 ms). Target: RSS must
-//!    not grow with open groups; held when RSS at 1M ≤ 1.25× RSS at 1k.
-//! 8. **Redis memory per remembered item id.** 200k items (quick: 20k) are
-//!    added through AddMany, ten under each of 20k fresh keys (max_items 10;
-//!    15-byte key, 25-byte id), so every group flushes by SIZE and every id
-//!    is remembered for the dedup window in its shard's flushed set. Figure:
-//!    `MEMORY USAGE <flushed set> SAMPLES 0` summed over the shards, divided
-//!    by their `ZCARD` total: exactly the remembered ids, in Redis's own
-//!    allocation sizes. Cross-check in the details: (`used_memory` after −
-//!    before − `MEMORY USAGE` of the shard streams) / items. No target.
-//! 9. **AddMany on a 3-master cluster.** The library's launcher starts a
-//!    Redis Cluster of 3 masters, no replicas, no persistence
-//!    (`redis-cli --cluster create`: the default even split of the slots),
-//!    and a fresh service runs the bench's config with `[redis]
-//!    cluster_nodes` naming its nodes instead of `url`. Scenario 1's load
-//!    runs against it unchanged. Figures: items/s, next to scenario 1's in
-//!    the same run (when both run); Redis CPU µs per item over all masters
-//!    (row 9); each master's share of the items, as ids in the flushed sets
-//!    of the shards whose slots it owns after the run, with its expected
-//!    share (of the load's 10k keys, those whose shard's tag hashes to its
-//!    slots) and its share of the masters' CPU in the details; max/min share,
-//!    target ≤ 1.2 (row 9b); each master's CPU over the window / (items added
-//!    in the window × its share) (row 9c). Row 9d is computed, not measured:
-//!    how many of N shards each master owns under the default split, for N =
-//!    16 … 1024, and the smallest N with max/min ≤ 1.2, for the bench's
-//!    prefix and the default one. The details end with a projection from the
-//!    measured cost: items/s per master core = 1e6 / µs per item, and the
-//!    masters 100k, 500k and 1M items/s need. Not run with `--service`.
-//! 10. **Overload.** On a fresh service over an emptied Redis, scenario 1's
-//!     closed-loop load first measures the items/s the service takes (its
-//!     capacity); then AddMany calls of 100 items (10k keys) are sent
-//!     open-loop at a fixed rate of 2× that, over 16 connections, for 10 s
-//!     (quick: 2 s) after the warm-up, whatever the replies. Figures, over
-//!     calls completing inside the window: accepted items/s (and as a
-//!     multiple of capacity), the share of calls refused RESOURCE_EXHAUSTED,
-//!     accepted calls' p50/p99, other errors (there must be none), and the
-//!     service's VmRSS sampled every 100 ms from the open loop's start (max,
-//!     idle before the load, and the series in the details). Target: the
-//!     RSS stops growing (its peak over the series' second half ≤ 1.2× its
-//!     peak over the first; a queue without bound would grow it in step
-//!     with time, towards 2×), p99 ≤ 1 s (half the default deadline),
-//!     refusals present, no other errors.
-//! 11. **Every policy rule on.** Scenario 1's load runs eight times, in the
-//!     order (a), (b), (b), (a), twice (quick: (a), (b)), each on a fresh
-//!     service over an emptied Redis: (a) under the plain policy (max_items 10, max_wait 1 h),
-//!     unchanged; (b) under the glob `pr-*` with every rule on: max_items
-//!     10, max_wait 1 h, max_idle 30 min, capacity 27 kg and 54 l, four
-//!     cutoffs a day in Europe/Berlin, deadline_lead 5 min, min_items 3 with
-//!     max_age 2 h. In (b) every item
-//!     carries `measures` (weight_g 200–4800, volume_cm3 1000–9000, drawn
-//!     evenly, so about half the groups flush by CAPACITY and half by SIZE)
-//!     and one in ten a `deadline` 10 to 40 minutes ahead. Figure: Redis CPU
-//!     µs per added item of each (as row 1b), pooled over its runs, the
-//!     ratio (b)/(a), and their mean items/s; the details give each run's
-//!     batches by reason (warm-up included). Target: ratio ≤ 1.3, and (b)
-//!     wrote CAPACITY batches (else the rules were not in force). Only with
-//!     the bench's own Redis.
-//! 12. **Adds per call.** On a fresh service over an emptied Redis, with the
-//!     service idle, the `FCALL`s Redis runs (`cmdstat_fcall` in INFO
-//!     commandstats) are counted for 2 s (quick: 0.5 s): the sweepers' due
-//!     scans. Then scenario 2's unary Add load runs at 1, 8 and 64 callers
-//!     (over 1, 8 and 8 connections), each for the warm-up and the window.
-//!     Figures, per level: adds per second, call latency p50/p99, and adds
-//!     per call of the add path = adds completed in the window / (`FCALL`s
-//!     in the window − the idle rate × the window). At one caller it must
-//!     be 1.0; a sweeper woken by adds scans a little more often under
-//!     load, so more callers' figures err low, if anything. No target.
-//! 13. **The policy store at postcode scale** (`policy_store.rs`), over an
-//!     emptied Redis with `[policy_store]` on and 100k exact areas plus 100
-//!     globs (quick: 10k): start-up from spawn to the first accepted add
-//!     (target ≤ 2 s, row 13a); a change made through one of 3 instances
-//!     until each applies it, 1,000 changes (quick: 30), p99 target ≤ 1 s
-//!     (13b); Redis and service memory per area (13c, reference); and the
-//!     policy lookup per add, big table vs the bench's own patterns,
-//!     target at most 600 ns more (3% of 20 µs; 13d). Only with the
-//!     bench's own Redis and service.
-//! 14. **Tracing on** (`tracing_cost.rs`): scenario 1's load with a W3C
-//!     traceparent on every item, on a fresh service over an emptied Redis,
-//!     tracing off, on, on, off (quick: off, on), exporting over OTLP to a
-//!     receiver in the bench's process. Figure: the service's CPU µs per
-//!     added item on and off, pooled, and their ratio; no target. Only with
-//!     the bench's own Redis and service.
+//!
+//! Each module's doc says what its scenario does; `method.rs` says how each
+//! figure is computed (BENCHMARKS.md's "How each figure is computed"), and
+//! `runner.rs` runs them in order.
+//! - 1, 2 (`ingest.rs`): AddMany and unary Add, rate and CPU per item; rows
+//!   1c and 2c run the same load against the frozen service floors
+//!   (`floor_serve_many.rs`, `floor_serve.rs`).
+//! - 3 (`precision.rs`): timeout lateness. 4 (`fanout.rs`): flush to 100
+//!   subscribers. 5–7 (`scale.rs`): Add latency, Redis memory and service RSS
+//!   over 1k and 1M open groups. 8 (`remembered.rs`): memory per remembered id.
+//! - 9 (`cluster.rs`, `cluster_report.rs`): AddMany on a 3-master cluster.
+//!   10 (`overload.rs`): open-loop AddMany at twice the capacity. 11
+//!   (`policies.rs`): every policy rule on. 12 (`calls.rs`): adds per call.
+//!   13 (`policy_store.rs`): the policy store at 100k areas. 14
+//!   (`tracing_cost.rs`): tracing on.
+//!
+//! # Layout
+//!
+//! Beside the scenarios: `service.rs` (the config under test and a fresh
+//! service per scenario), `serve.rs` (the hidden `__serve`), `scenarios.rs`
+//! (what they share), `load.rs` (load generation), `procs.rs` (child
+//! processes, started with the `batcher-testkit` crate the integration tests
+//! use too; CPU and RSS), `store_load.rs` (the hidden `__store_load`: our add
+//! path without the service, for `bench/peer/run`), `reports.rs` (results to
+//! rows and notes), `report.rs` (the table and BENCHMARKS.md) and `charts/`
+//! (its SVG charts, drawn with plotters into `bench/` beside BENCHMARKS.md in
+//! a full run, `target/bench-quick/` with `--quick` and `target/bench-partial/`
+//! with `--only`).
 
 mod calls;
 mod charts;
@@ -275,11 +132,6 @@ struct Args {
     #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=MAX_WORKER_THREADS as i64))]
     worker_threads: Option<u16>,
-    /// The frozen floor script of bench/floor/ that row 1c's AddMany
-    /// service floor serves (floor_dedup, floor_fields or floor_counters).
-    #[arg(long, value_name = "SCRIPT", default_value = floor_serve_many::DEFAULT_SCRIPT,
-          value_parser = clap::builder::PossibleValuesParser::new(floor_serve_many::SCRIPT_NAMES))]
-    floor_many: String,
     /// Print the service config the bench runs, and exit.
     #[arg(long)]
     print_config: bool,
@@ -306,9 +158,6 @@ enum Command {
     FloorServeMany {
         #[arg(long)]
         redis_url: String,
-        /// The floor script of bench/floor/ it serves.
-        #[arg(long, default_value = floor_serve_many::DEFAULT_SCRIPT)]
-        script: String,
     },
     /// Counts the Redis instructions per added item under callgrind, and
     /// writes or checks the baseline (bench/instructions.toml).
@@ -333,8 +182,8 @@ fn main() -> ExitCode {
         Some(Command::FloorServe { redis_url }) => {
             return hidden("__floor_serve", floor_serve::serve(&redis_url), drop);
         }
-        Some(Command::FloorServeMany { redis_url, script }) => {
-            let future = floor_serve_many::serve(&redis_url, &script);
+        Some(Command::FloorServeMany { redis_url }) => {
+            let future = floor_serve_many::serve(&redis_url);
             return hidden("__floor_serve_many", future, drop);
         }
         Some(Command::Instructions(opts)) => return instructions::main(opts),
@@ -428,7 +277,6 @@ async fn bench(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    env.floor_many_script = args.floor_many.clone();
     let redis_version = scenarios::redis_version(&env.redis_url).await;
     if env.redis.is_none() {
         results.notes.push(format!(

@@ -1,7 +1,7 @@
-//! The "How each figure is computed" section of BENCHMARKS.md: the bin's
-//! module doc, told briefly.
+//! The "How each figure is computed" section of BENCHMARKS.md: the
+//! scenarios' module docs, told briefly.
 
-/// The method section of BENCHMARKS.md (`main.rs`'s module doc has the details).
+/// The method section of BENCHMARKS.md (each scenario's module has the details).
 pub const METHOD: &str = "\
 - **Yardsticks**: no row is a ratio to a measure made of our own code. Throughput is compared \
   with BullMQ's in the same sitting by `bench/peer/run`, and the add path's cost by \
@@ -14,9 +14,9 @@ pub const METHOD: &str = "\
   completing in that window. Target for AddMany ≤ 8 µs; shown for unary Add too, without a \
   target. **1c**: the same load, on the same Redis emptied again, against the frozen AddMany \
   service floor (`batcher-bench __floor_serve_many`, `floor_serve_many.rs`): tonic's default \
-  server serving AddMany alone, each call one `EVALSHA` of a frozen floor script (by default \
-  `bench/floor/floor_counters.lua`, the add of our layout's plain group and nothing else; \
-  `--floor-many` picks another), with no layers, validation, shards or merging. Figure: 1b \
+  server serving AddMany alone, each call one `EVALSHA` of a frozen floor script \
+  (`bench/floor/floor_counters.lua`, the add of our layout's plain group and nothing else), \
+  with no layers, validation, shards or merging. Figure: 1b \
   over the floor's Redis CPU per item, with both rates: what our add costs Redis beyond the \
   least a script of that layout does with a service beside Redis. Reference, no target.
 - **2. Add**: 64 callers, 8 connections, one item per call over 10k keys; adds per second and \

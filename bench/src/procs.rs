@@ -67,16 +67,9 @@ impl ServiceProc {
     }
 
     /// Starts the frozen AddMany service floor (row 1c) on the Redis at
-    /// `redis_url`, serving the floor script `script`.
-    pub async fn start_floor_many(redis_url: &str, script: &str) -> Result<ServiceProc, String> {
-        let args = [
-            "__floor_serve_many",
-            "--redis-url",
-            redis_url,
-            "--script",
-            script,
-        ];
-        ServiceProc::spawn(&args, &[]).await
+    /// `redis_url`.
+    pub async fn start_floor_many(redis_url: &str) -> Result<ServiceProc, String> {
+        ServiceProc::spawn(&["__floor_serve_many", "--redis-url", redis_url], &[]).await
     }
 
     /// Starts this binary with `args` and waits for the address it reports.

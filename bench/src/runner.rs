@@ -130,15 +130,15 @@ async fn run_add_many(
     if let Some(r) = &r {
         reports::add_many(results, name, r);
     }
-    let script = env.floor_many_script.clone();
     let name = "1c. the frozen AddMany service floor, scenario 1's load";
-    if let Some(target) = results.setup(name, env.floor_many(&script).await) {
+    if let Some(target) = results.setup(name, env.floor_many().await) {
         let future = ingest::ingest_add_many(&target, sizes, run);
         if let Some(floor) = results
             .attempt(name, Duration::from_secs(120), future)
             .await
         {
-            reports::add_many_floor(results, &script, &floor, r.as_ref());
+            let script = crate::floor_serve_many::SCRIPT_NAME;
+            reports::add_many_floor(results, script, &floor, r.as_ref());
         }
     }
     r

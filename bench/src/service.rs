@@ -95,8 +95,6 @@ pub struct Env {
     /// The config text the service runs, and what it parses to.
     pub config_text: String,
     pub config: Config,
-    /// The floor script row 1c's AddMany service floor serves.
-    pub floor_many_script: String,
 }
 
 impl Env {
@@ -126,7 +124,6 @@ impl Env {
             service: None,
             config_text,
             config,
-            floor_many_script: crate::floor_serve_many::DEFAULT_SCRIPT.into(),
         })
     }
 
@@ -171,24 +168,25 @@ impl Env {
     /// service, over an emptied Redis. Only with the bench's own Redis and
     /// service, whose CPU it meters.
     pub async fn floor(&mut self) -> Result<Target, String> {
-        self.floor_of(None).await
+        self.floor_of(false).await
     }
 
-    /// The frozen AddMany service floor (row 1c, `floor_serve_many.rs`)
-    /// serving the floor script `script`, as [`Env::floor`].
-    pub async fn floor_many(&mut self, script: &str) -> Result<Target, String> {
-        self.floor_of(Some(script)).await
+    /// The frozen AddMany service floor (row 1c, `floor_serve_many.rs`), as
+    /// [`Env::floor`].
+    pub async fn floor_many(&mut self) -> Result<Target, String> {
+        self.floor_of(true).await
     }
 
-    async fn floor_of(&mut self, many: Option<&str>) -> Result<Target, String> {
+    async fn floor_of(&mut self, many: bool) -> Result<Target, String> {
         if self.redis.is_none() || self.external_service.is_some() {
             return Err("needs the bench's own Redis and service".into());
         }
         self.service = None;
         self.flush().await?;
-        let floor = match many {
-            None => ServiceProc::start_floor(&self.redis_url).await?,
-            Some(script) => ServiceProc::start_floor_many(&self.redis_url, script).await?,
+        let floor = if many {
+            ServiceProc::start_floor_many(&self.redis_url).await?
+        } else {
+            ServiceProc::start_floor(&self.redis_url).await?
         };
         let target = Target {
             addr: floor.addr,

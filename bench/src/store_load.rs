@@ -11,9 +11,7 @@
 //! fresh 25-byte id and a 32-byte payload; groups flush at 10 items, due
 //! after an hour, with the service's default dedup window. The store's own
 //! writers merge what queued, as in the service. Redis's CPU is read at
-//! the window's edges (`/proc/PID/stat`); the functions VM's live heap is
-//! read after the window by a library of its own (`store_load_heap`),
-//! loaded then. Prints one line of JSON.
+//! the window's edges (`/proc/PID/stat`). Prints one line of JSON.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -144,7 +142,6 @@ pub async fn run(opts: Opts) -> Result<String, String> {
     let redis_s = cpu
         .seconds("redis")
         .ok_or("redis-server's CPU could not be read")?;
-    let heap_kb = functions_heap_kb(&url).await?;
     Ok(serde_json::json!({
         "store": "batcher",
         "spread": if one_shard { "shard" } else { "all" },
@@ -154,32 +151,6 @@ pub async fn run(opts: Opts) -> Result<String, String> {
         "items": stats.added,
         "rate": stats.per_sec().round() as u64,
         "redis_cpu_us_per_item": (redis_s * 1e6 / stats.added.max(1) as f64 * 100.0).round() / 100.0,
-        "functions_heap_kb": heap_kb,
     })
     .to_string())
-}
-
-/// The live heap of Redis's functions VM, after a full collection, in KB.
-async fn functions_heap_kb(url: &str) -> Result<u64, String> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| e.to_string())?;
-    let library = "#!lua name=store_load_heap\n\
-        redis.register_function { function_name = 'store_load_heap', flags = { 'no-writes' },\n\
-        callback = function() collectgarbage('collect') return math.floor(collectgarbage('count')) end }";
-    redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(library)
-        .query_async::<String>(&mut conn)
-        .await
-        .map_err(|e| format!("FUNCTION LOAD: {e}"))?;
-    redis::cmd("FCALL")
-        .arg("store_load_heap")
-        .arg(0)
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| format!("FCALL store_load_heap: {e}"))
 }
