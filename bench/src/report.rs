@@ -187,15 +187,13 @@ impl Document<'_> {
             .iter()
             .filter(|r| matches!(r.verdict, Verdict::Pass | Verdict::Miss))
             .collect();
-        let holding: Vec<&str> = judged
-            .iter()
-            .filter(|r| r.verdict == Verdict::Pass)
-            .map(|r| r.scenario.as_str())
-            .collect();
-        let missing: Vec<&str> = judged
+        // A row's id: "1b" of "1b. Redis CPU per item, AddMany".
+        let id = |r: &&Row| r.scenario.split('.').next().unwrap_or_default().to_string();
+        let holding = judged.iter().filter(|r| r.verdict == Verdict::Pass).count();
+        let missing: Vec<String> = judged
             .iter()
             .filter(|r| r.verdict == Verdict::Miss)
-            .map(|r| r.scenario.as_str())
+            .map(id)
             .collect();
         let mut out = String::new();
         let _ = writeln!(out, "# Benchmarks\n");
@@ -234,22 +232,12 @@ impl Document<'_> {
         let _ = writeln!(out, "{}", markdown_table(self.rows));
         let _ = writeln!(
             out,
-            "Targets holding ({} of {}): {}.\n",
-            holding.len(),
+            "Targets holding: {holding} of {}; missed: {}.\n",
             judged.len(),
-            if holding.is_empty() {
-                "none".into()
-            } else {
-                holding.join("; ")
-            }
-        );
-        let _ = writeln!(
-            out,
-            "Targets missed: {}.\n",
             if missing.is_empty() {
                 "none".into()
             } else {
-                missing.join("; ")
+                missing.join(", ")
             }
         );
         let _ = writeln!(out, "{}\n", self.sitting.trim_end());
