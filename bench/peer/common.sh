@@ -1,4 +1,4 @@
-# What bench/peer/run, resident and profile share: a temporary dir, removed
+# What bench/peer/run uses: a temporary dir, removed
 # on exit; BullMQ (npm ci here), redis-server and a release build of
 # batcher-bench, installed or built when missing; last_json and
 # floor_beside_library (at the end); and start_redis, which
