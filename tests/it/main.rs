@@ -25,6 +25,7 @@ mod docs;
 mod durable;
 mod flush_cut;
 mod format;
+mod image;
 mod layout;
 mod metrics;
 mod node;
