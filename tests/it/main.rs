@@ -26,6 +26,7 @@ mod durable;
 mod flush_cut;
 mod format;
 mod image;
+mod kubernetes;
 mod layout;
 mod metrics;
 mod node;
