@@ -45,6 +45,7 @@ mod redis_auth_tls;
 mod requeue;
 mod resilience;
 mod rolling;
+mod runbook;
 mod subscribe;
 mod timing;
 mod tls;
