@@ -21,6 +21,8 @@ use batcher_testkit::AddrLine;
 
 /// The image's user and group, as its config names them.
 const USER: &str = "65532:65532";
+/// The repository the test names as the image's source.
+const SOURCE: &str = "https://git.example.com/batcher.git";
 
 /// Runs `program args`, panicking with its output unless it succeeds; its stdout.
 fn run(program: &str, args: &[&str]) -> String {
@@ -47,10 +49,8 @@ fn build(dir: &Path) -> PathBuf {
     let archive = dir.join("batcher.tar");
     let binary = env!("CARGO_BIN_EXE_batcher");
     let output = archive.to_str().unwrap();
-    run(
-        "scripts/build-image",
-        &["--binary", binary, "--output", output],
-    );
+    let args = ["--binary", binary, "--output", output, "--source", SOURCE];
+    run("scripts/build-image", &args);
     archive
 }
 
@@ -106,6 +106,7 @@ fn check_config(archive: &Path) {
     assert_eq!(label("created"), image["created"].as_str().unwrap());
     assert_eq!(label("licenses"), env!("CARGO_PKG_LICENSE"));
     assert_eq!(label("title"), "batcher");
+    assert_eq!(label("source"), SOURCE);
     // Nothing that names a secret, in the variables, labels or history.
     let said = format!("{}{}{}", config["Env"], labels, image["history"]).to_lowercase();
     for word in ["password", "token", "secret", "private", "key="] {
