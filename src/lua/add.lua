@@ -39,14 +39,16 @@ end
 -- A call's header (see add_call.lua) and its policies, parsed once per
 -- distinct header.
 local header_of = memo(function(h)
-  local dedup, np, ng, shape, lead, at = unpack_struct('<ddddd', h)
+  local v = { unpack_struct(HEADER_FORMAT, h) }
+  local np, at = v[HEADER.POLICIES], v[#v]
   local lengths, policies = { unpack_struct(doubles(np), h, at) }, {}
   at = at + 8 * np
   for j = 1, np do
     policies[j] = policy_of(sub(h, at, at + lengths[j] - 1))
     at = at + lengths[j]
   end
-  return { dedup = dedup, np = np, ng = ng, shape = SHAPES[shape], lead = lead, policies = policies }
+  return { dedup = v[HEADER.DEDUP], np = np, ng = v[HEADER.GROUPS], shape = SHAPES[v[HEADER.SHAPE]],
+    lead = v[HEADER.LEAD], policies = policies }
 end, 64)
 
 -- The state of the call in progress, per group g and per item i: arrays
@@ -134,8 +136,8 @@ local function arrivals(from, n)
     if not g then
       local digits, flags = string.match(garg, '^(%d+)(.*)$')
       g = num(digits)
-      if byte(flags, 1) == 99 then close[i], flags = true, sub(flags, 2) end -- 'c'
-      if byte(flags, 1) == 113 then requeue_of[i] = sub(flags, 2) end -- 'q'
+      if byte(flags, 1) == FLAG.CLOSE then close[i], flags = true, sub(flags, 2) end
+      if byte(flags, 1) == FLAG.REQUEUE then requeue_of[i] = sub(flags, 2) end
     end
     next_arrival[i], member[i] = false, key[g] .. SEP .. A[B + S * i + ID_AT]
     if last_arrival[g] then next_arrival[last_arrival[g]] = i else first_arrival[g] = i end
@@ -150,7 +152,7 @@ local UNKNOWN = math.huge
 -- and with them its due time.
 local function rules_of(g)
   if not rules_read[g] then
-    local x = exists[g] and call('HGET', hash[g], FIELD.rules)
+    local x = exists[g] and call('HGET', hash[g], FIELD.RULES)
     rules[g], rules_read[g] = x and read_rules(x, pooled(g)) or false, true
     if rules[g] and due[g] == UNKNOWN then due[g] = rules[g].due end
   end
@@ -166,7 +168,7 @@ local function resum(g, dict)
   sum_items(list, dict, p.dictionary, sums[g])
   sums_valid[g] = true
   if dict == p.dictionary then return end
-  local writes = { FIELD.names, p.dictionary }
+  local writes = { FIELD.NAMES, p.dictionary }
   for j = 1, list.n do
     if list.ext[j] ~= '' then
       writes[#writes + 1], writes[#writes + 2] = list.id[j],
@@ -186,17 +188,17 @@ local function hmget_group(g, base, limited)
     local field, got = id_of(i), false
     field_of[i] = field
     if base == 1 then
-      got = call('HMGET', hash[g], FIELD.state, field)
+      got = call('HMGET', hash[g], FIELD.STATE, field)
     elseif base == 2 then
-      got = call('HMGET', hash[g], FIELD.state, FIELD.names, field)
+      got = call('HMGET', hash[g], FIELD.STATE, FIELD.NAMES, field)
     else
-      got = call('HMGET', hash[g], FIELD.state, FIELD.names, FIELD.rules, field)
+      got = call('HMGET', hash[g], FIELD.STATE, FIELD.NAMES, FIELD.RULES, field)
     end
     held[i] = got[base + 1]
     return got
   end
-  fields[1], fields[2], fields[3] = FIELD.state, FIELD.names, FIELD.rules
-  if limited then fields[base] = FIELD.limits end
+  fields[1], fields[2], fields[3] = FIELD.STATE, FIELD.NAMES, FIELD.RULES
+  if limited then fields[base] = FIELD.LIMITS end
   local count = base
   while i do
     count = count + 1
@@ -263,7 +265,7 @@ end
 local function ensure_rules(g, due_key)
   local r = rules_of(g)
   if not r then
-    local o = tonumber(opened[g] or call('HGET', hash[g], FIELD.opened))
+    local o = tonumber(opened[g] or call('HGET', hash[g], FIELD.OPENED))
     if due[g] == UNKNOWN then due[g] = tonumber(call('ZSCORE', due_key, key[g])) end
     r = set_rules(pooled(g), due[g] - o, 0, 0, 0, 0, 0, o, due[g])
     rules[g], rules_dirty[g] = r, true
@@ -329,17 +331,17 @@ end
 -- earliest deadline anew.
 local function keep_rest(g, list, from, o, dict, now)
   local p = policy[g]
-  local rest, writes = item_list(), { FIELD.opened, o }
+  local rest, writes = item_list(), { FIELD.OPENED, o }
   for j = from, list.n do
     push_item(rest, list.id[j], list.payload[j], list.ext[j], list.seq[j])
     writes[#writes + 1], writes[#writes + 2] = list.id[j],
       item_value(list.ext[j], list.seq[j], list.payload[j])
     size[g], bytes[g] = size[g] + 1, bytes[g] + #list.payload[j]
   end
-  if dict ~= '' then writes[#writes + 1], writes[#writes + 2] = FIELD.names, dict end
+  if dict ~= '' then writes[#writes + 1], writes[#writes + 2] = FIELD.NAMES, dict end
   if p.tracked then
     local scope = p.groups > 0 and p.scope or ''
-    writes[#writes + 1], writes[#writes + 2] = FIELD.limits, limits_field(scope, last[g])
+    writes[#writes + 1], writes[#writes + 2] = FIELD.LIMITS, limits_field(scope, last[g])
     index_open(IX, key[g], scope, tonumber(o), last[g])
     indexed[g], indexed_last[g] = scope, last[g]
   end
@@ -372,8 +374,8 @@ local function flush_open(ctx, g, reason, batches)
   if whole(count, p.max_items, size_cut) then
     -- One batch: the hash's fields as they are, then the call's items.
     if not flat then
-      flat = { FIELD.opened, o }
-      if dict ~= '' then flat[3], flat[4] = FIELD.names, dict end
+      flat = { FIELD.OPENED, o }
+      if dict ~= '' then flat[3], flat[4] = FIELD.NAMES, dict end
     end
     local n, i = #flat, first_pending[g]
     while i do
@@ -384,7 +386,7 @@ local function flush_open(ctx, g, reason, batches)
   else
     if flat then
       meta, list = list_of(flat)
-      o, dict = meta[FIELD.opened], meta[FIELD.names] or ''
+      o, dict = meta[FIELD.OPENED], meta[FIELD.NAMES] or ''
     else
       list = item_list()
     end
@@ -400,10 +402,10 @@ local function flush_open(ctx, g, reason, batches)
   end
   if stored[g] > 0 then
     if not rules_read[g] then
-      rules[g], rules_read[g] = meta[FIELD.rules] and read_rules(meta[FIELD.rules], pooled(g)) or false, true
+      rules[g], rules_read[g] = meta[FIELD.RULES] and read_rules(meta[FIELD.RULES], pooled(g)) or false, true
     end
     stored[g], indexed[g] = 0, false
-    if meta[FIELD.limits] then unindex(IX, key[g], meta) end
+    if meta[FIELD.LIMITS] then unindex(IX, key[g], meta) end
   end
   first_pending[g], last_pending[g], size[g], bytes[g] = false, false, 0, 0
   if list and from <= list.n then keep_rest(g, list, from, o, dict, ctx.now) end
@@ -467,7 +469,7 @@ end
 -- for a next try when the call named every group under the limit (0).
 local function turn_away(i, p, limit, oldest, batches)
   if not p.flush_oldest then
-    out[2 * i], out[2 * i + 1] = 3, limit
+    out[2 * i], out[2 * i + 1] = OUTCOME.REFUSED, limit
     if batches then wrote_batches(i, batches) end
     return
   end
@@ -485,7 +487,8 @@ local function turn_away(i, p, limit, oldest, batches)
       named_shard = named_shard + 1
     end
   end
-  out[2 * i], out[2 * i + 1] = 3 + limit, at
+  out[2 * i] = limit == LIMIT.POLICY and OUTCOME.WAITING_POLICY or OUTCOME.WAITING_SHARD
+  out[2 * i + 1] = at
   if batches then wrote_batches(i, batches) end
 end
 
@@ -493,7 +496,7 @@ end
 -- item appended to the group's pending chain, which may complete it.
 local function take(ctx, g, i, seen, requeued)
   if duplicate(ctx, i, seen, requeued) then
-    out[2 * i], out[2 * i + 1] = 2, size[g]
+    out[2 * i], out[2 * i + 1] = DUPLICATE, size[g]
     return
   end
   local p = policy[g]
@@ -514,18 +517,9 @@ local function take(ctx, g, i, seen, requeued)
     if r.deadline == 0 or deadline < r.deadline then r.deadline, rules_dirty[g], moved = deadline, true, true end
   end
   if moved then rearm(g, ctx.now) end
-  local reason = false
-  if n >= p.max_items then
-    reason = REASON.SIZE
-  elseif p.max_bytes > 0 and bytes[g] >= p.max_bytes then
-    reason = REASON.BYTES
-  elseif full then
-    reason = REASON.CAPACITY
-  elseif close[i] then
-    reason = REASON.CLOSED
-  end
+  local reason = size_reason(p, n, bytes[g]) or full and REASON.CAPACITY or close[i] and REASON.CLOSED
   if reason then batches = flush_open(ctx, g, reason, batches) end
-  out[2 * i], out[2 * i + 1] = 1, size[g]
+  out[2 * i], out[2 * i + 1] = ADDED, size[g]
   if batches then wrote_batches(i, batches) end
 end
 
@@ -559,21 +553,21 @@ local function write_group(g)
     local _, payload, ext = item_args(i)
     local item = item_value(ext, item_seq[i], payload)
     if stored[g] > 0 then
-      call('HSET', hash[g], FIELD.state, s, field_of[i], item)
+      call('HSET', hash[g], FIELD.STATE, s, field_of[i], item)
     else
-      call('HSET', hash[g], FIELD.state, s, FIELD.opened, opened[g], field_of[i], item)
+      call('HSET', hash[g], FIELD.STATE, s, FIELD.OPENED, opened[g], field_of[i], item)
     end
     return
   end
   local writes, w = WRITES, 2
-  writes[1], writes[2] = FIELD.state, s
+  writes[1], writes[2] = FIELD.STATE, s
   if stored[g] == 0 then
-    writes[3], writes[4], w = FIELD.opened, opened[g], 4
-    if p.k > 0 then writes[5], writes[6], w = FIELD.names, p.dictionary, 6 end
+    writes[3], writes[4], w = FIELD.OPENED, opened[g], 4
+    if p.k > 0 then writes[5], writes[6], w = FIELD.NAMES, p.dictionary, 6 end
   end
-  if scope then writes[w + 1], writes[w + 2], w = FIELD.limits, limits_field(scope, last[g]), w + 2 end
+  if scope then writes[w + 1], writes[w + 2], w = FIELD.LIMITS, limits_field(scope, last[g]), w + 2 end
   if rules[g] and (stored[g] == 0 or rules_dirty[g]) then
-    writes[w + 1], writes[w + 2], w = FIELD.rules, rules_field(rules[g]), w + 2
+    writes[w + 1], writes[w + 2], w = FIELD.RULES, rules_field(rules[g]), w + 2
   end
   while i do
     local _, payload, ext = item_args(i)

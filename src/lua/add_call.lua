@@ -7,30 +7,30 @@
 --   (limits.lua)   KEYS[4 + g]: the hash of group g, g = 1..G
 -- KEYS[5 + G]: its requeued set (batch_id ':' item_id, scored by the
 --   batch's stream time), given when an item is requeued
--- ARGV[1]: the call's header, struct '<ddddd': the dedup window (ms), P (the
---   count of policies), G (of groups), the shape of an item's arguments
---   (see below) and L: when items carry group numbers, groups 1..L each
+-- ARGV[1]: the call's header, the doubles of HEADER_FORMAT, by their
+--   places in HEADER: the dedup window (ms), P (the count of policies), G
+--   (of groups), the shape of an item's arguments (see below) and L (the
+--   lead): when items carry group numbers, groups 1..L each
 --   get one item and no flags, items 1..L (item g is group g's), and the
 --   rest are the other groups' (the lead, taken as a call of one item per
 --   group; 0: none); then P doubles, the lengths of the P policies, packed
 --   (see policy_of), which follow, joined
 -- ARGV[2..]: per group: its key, and when P > 1 its policy's number (1..P)
 -- then per item, by the shape: 3 or 4: its group's number, followed by
---   'c' to close the group after it and 'q' batch_id for an item requeued
---   from that batch; its id; its payload; for 4, '' or its ext, packed for
+--   FLAG.CLOSE to close the group after it and FLAG.REQUEUE batch_id for
+--   an item requeued from that batch; its id; its payload; for 4, '' or its ext, packed for
 --   its policy's capacity. -2 or -3: no group number (the items have no
 --   flags, and either G is 1 or item g is group g's only one); its id; its
 --   payload; for -3, its ext.
 -- Returns: its numbers, packed, struct '<d' .. 'dd' * items: the earliest
---   due time this call set (ms) or 0, then per item its outcome (1 added,
---   2 duplicate, 3 refused, 4 waiting for room under the shard's limit, 5
---   under its policy's) and its group's size after (refused: the limit,
---   LIMIT.SHARD or LIMIT.POLICY; waiting: the number of the group to
---   flush, from 1, or 0 for none yet). A call that wrote batches or names
+--   due time this call set (ms) or 0, then per item its OUTCOME and a
+--   number: its group's size after (ADDED, DUPLICATE), the LIMIT it met
+--   (REFUSED), or the number of the group to flush, from 1, or 0 for none
+--   yet (WAITING_SHARD, WAITING_POLICY). A call that wrote batches or names
 --   groups to flush returns {those numbers, W, then W pairs of an item's
 --   number (from 1) and the batches it wrote, then the keys of the groups
 --   to flush to make room}, a batch being {stream_id, fields}, the fields
---   of its stream entry (see layout.lua). (Packed: a string costs Redis
+--   of its stream entry (see src/scripts/layout.rs). (Packed: a string costs Redis
 --   less to reply than a table, and most items write no batch.)
 
 -- out[1..count], packed as doubles: at most CHUNK at a time (Lua
@@ -114,16 +114,16 @@ local function add_usual_many(ctx, g, h, p)
   for j = 2, c do
     local id, until_ms = fields[j], flushed_until[i]
     if got[j] or seen[id] or until_ms and tonumber(until_ms) > ctx.now then
-      out[2 * i], out[2 * i + 1] = 2, n
+      out[2 * i], out[2 * i + 1] = DUPLICATE, n
     else
       local _, payload, ext = item_args(i)
       seen[id], n, b, seq_n = true, n + 1, b + #payload, seq_n + 1
-      out[2 * i], out[2 * i + 1] = 1, n
+      out[2 * i], out[2 * i + 1] = ADDED, n
       writes[w + 1], writes[w + 2], w = id, item_value(ext, seq_n, payload), w + 2
     end
     i = next_arrival[i]
   end
-  if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then return false end
+  if size_reason(p, n, b) then return false end
   if n == size_n then return 0 end
   writes[2] = state(seq_n, n, b, ctx.now, 0)
   call('HSET', h, unpack(writes, 1, w))
@@ -143,26 +143,25 @@ local function add_usual(ctx, g, i, h, p)
   if s then seq_n, size_n, bytes_n = unpack_struct('<ddd', s) end
   local until_ms = flushed_until[i]
   if got[2] or until_ms and tonumber(until_ms) > now then
-    out[2 * i], out[2 * i + 1] = 2, size_n
+    out[2 * i], out[2 * i + 1] = DUPLICATE, size_n
     return 0
   end
-  local max_items = p.max_items
-  if size_n >= max_items then return false end
+  if size_n >= p.max_items then return false end
   local payload = A[a + PAYLOAD_AT]
   local n, b = size_n + 1, bytes_n + #payload
   seq_n = seq_n + 1
-  if n >= max_items or b >= p.bytes_cap then
-    local reason = n >= max_items and REASON.SIZE or REASON.BYTES
+  local reason = size_reason(p, n, b)
+  if reason then
     local batches = flush_taken(ctx, g, h, p, size_n, not s and now_text(ctx), i, seq_n, reason)
     if s then
       due_gone[due_gone_n + 1] = key[g]
       due_gone_n = due_gone_n + 1
     end
-    out[2 * i], out[2 * i + 1] = 1, 0
+    out[2 * i], out[2 * i + 1] = ADDED, 0
     wrote_batches(i, batches)
     return 0
   end
-  out[2 * i], out[2 * i + 1] = 1, n
+  out[2 * i], out[2 * i + 1] = ADDED, n
   -- The item's value (see item_value), made here: a call costs more.
   local item = (DEC[seq_n] or dec(seq_n)) .. ',' .. payload
   if EXT_AT then item = A[a + EXT_AT] .. item end

@@ -43,7 +43,7 @@ local function ruled_open(ctx, g, i, h, p, size, seq)
   local a, k, now, sums = B + S * i, p.k, ctx.now, RULED_SUMS
   local ext, payload = EXT_AT and A[a + EXT_AT] or '', A[a + PAYLOAD_AT]
   local deadline, v = item_values(ext, k)
-  if p.plain and deadline > 0 or p.max_items <= 1 or p.max_bytes > 0 and #payload >= p.max_bytes then
+  if p.plain and deadline > 0 or size_reason(p, 1, #payload) then
     return false
   end
   for j = 1, k do
@@ -52,16 +52,16 @@ local function ruled_open(ctx, g, i, h, p, size, seq)
     sums[j] = t
   end
   local batches = size > 0 and flush_taken(ctx, g, h, p, size, false, false, 0, REASON.CAPACITY)
-  out[2 * i], out[2 * i + 1] = 1, 1
+  out[2 * i], out[2 * i + 1] = ADDED, 1
   if batches then wrote_batches(i, batches) end
   local w, n = WRITES, 6
   w[1], w[2] = STATE, state(seq + 1, 1, #payload, now, k, sums)
   w[3], w[4] = OPENED, now_text(ctx)
   w[5], w[6] = A[a + ID_AT], item_value(ext, seq + 1, payload)
-  if k > 0 then w[7], w[8], n = FIELD.names, p.dictionary, 8 end
+  if k > 0 then w[7], w[8], n = FIELD.NAMES, p.dictionary, 8 end
   local due_at = now + p.max_wait
   if not p.plain then
-    w[n + 1], w[n + 2], due_at = FIELD.rules, opening_rules(p, deadline, now)
+    w[n + 1], w[n + 2], due_at = FIELD.RULES, opening_rules(p, deadline, now)
     n = n + 2
   end
   call('HSET', h, unpack(w, 1, n))
@@ -86,7 +86,7 @@ end
 local function add_ruled(ctx, g, i, h, p)
   local a, k, now, sums = B + S * i, p.k, ctx.now, RULED_SUMS
   local id = A[a + ID_AT]
-  local got = call('HMGET', h, STATE, FIELD.names, FIELD.rules, id)
+  local got = call('HMGET', h, STATE, FIELD.NAMES, FIELD.RULES, id)
   local s, x = got[1], got[3]
   local seq, size, bytes, valid, _ = 0, 0, 0, true, nil
   if s then
@@ -96,7 +96,7 @@ local function add_ruled(ctx, g, i, h, p)
   end
   local until_ms = flushed_until[i]
   if got[4] or until_ms and tonumber(until_ms) > now then
-    out[2 * i], out[2 * i + 1] = 2, size
+    out[2 * i], out[2 * i + 1] = DUPLICATE, size
     return 0
   end
   if not s then return ruled_open(ctx, g, i, h, p, 0, 0) end
@@ -119,21 +119,20 @@ local function add_ruled(ctx, g, i, h, p)
   local payload = A[a + PAYLOAD_AT]
   local n, b = size + 1, bytes + #payload
   seq = seq + 1
-  local reason = n >= p.max_items and REASON.SIZE or p.max_bytes > 0 and b >= p.max_bytes and REASON.BYTES
-    or full and REASON.CAPACITY
+  local reason = size_reason(p, n, b) or full and REASON.CAPACITY
   if reason then
     local flushed = flush_taken(ctx, g, h, p, size, false, i, seq, reason)
-    out[2 * i], out[2 * i + 1] = 1, 0
+    out[2 * i], out[2 * i + 1] = ADDED, 0
     if flushed then wrote_batches(i, flushed) end
     due_gone[due_gone_n + 1] = key[g]
     due_gone_n = due_gone_n + 1
     return 0
   end
-  out[2 * i], out[2 * i + 1] = 1, n
+  out[2 * i], out[2 * i + 1] = ADDED, n
   local state_s, item = state(seq, n, b, now, k, sums), item_value(ext, seq, payload)
   if x and (n == p.min_items or deadline > 0 and (earliest == 0 or deadline < earliest)) then
     local rules_x, due_at = rearmed(ctx, g, p, x, n, deadline)
-    call('HSET', h, STATE, state_s, FIELD.rules, rules_x, id, item)
+    call('HSET', h, STATE, state_s, FIELD.RULES, rules_x, id, item)
     return due_at
   end
   call('HSET', h, STATE, state_s, id, item)
@@ -148,7 +147,7 @@ end
 -- open, due, changed by a reload, or completed or overflowed by them).
 local function add_ruled_many(ctx, g, h, p)
   local i, c = first_arrival[g], 3
-  fields[1], fields[2], fields[3] = STATE, FIELD.names, FIELD.rules
+  fields[1], fields[2], fields[3] = STATE, FIELD.NAMES, FIELD.RULES
   while i do
     c, fields[c + 1] = c + 1, id_of(i)
     i = next_arrival[i]
@@ -168,7 +167,7 @@ local function add_ruled_many(ctx, g, h, p)
   for j = 4, c do
     local id, until_ms = fields[j], flushed_until[i]
     if got[j] or seen[id] or until_ms and tonumber(until_ms) > now then
-      out[2 * i], out[2 * i + 1] = 2, n
+      out[2 * i], out[2 * i + 1] = DUPLICATE, n
     else
       local _, payload, ext = item_args(i)
       local deadline, v = item_values(ext, k)
@@ -179,9 +178,9 @@ local function add_ruled_many(ctx, g, h, p)
         sums[q] = t
       end
       n, b, seq, seen[id] = n + 1, b + #payload, seq + 1, true
-      if n >= p.max_items or p.max_bytes > 0 and b >= p.max_bytes then return false end
+      if size_reason(p, n, b) then return false end
       if deadline > 0 and (soonest == 0 or deadline < soonest) then soonest = deadline end
-      out[2 * i], out[2 * i + 1] = 1, n
+      out[2 * i], out[2 * i + 1] = ADDED, n
       writes[w + 1], writes[w + 2], w = id, item_value(ext, seq, payload), w + 2
     end
     i = next_arrival[i]
@@ -192,7 +191,7 @@ local function add_ruled_many(ctx, g, h, p)
   if x and (size < p.min_items and n >= p.min_items or soonest > 0 and (earliest == 0 or soonest < earliest)) then
     local rules_x
     rules_x, due_at = rearmed(ctx, g, p, x, n, soonest)
-    writes[w + 1], writes[w + 2], w = FIELD.rules, rules_x, w + 2
+    writes[w + 1], writes[w + 2], w = FIELD.RULES, rules_x, w + 2
   end
   call('HSET', h, unpack(writes, 1, w))
   return due_at

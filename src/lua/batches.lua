@@ -1,4 +1,4 @@
--- Due rules, reading a group whole, and writing batches (see layout.lua).
+-- Due rules, reading a group whole, and writing batches (the layout: src/scripts/layout.rs).
 
 -- When a group is due, and the reason: the earliest of opened + max_wait
 -- (TIMEOUT), last + max_idle (IDLE), the cutoff (CUTOFF), the earliest item
@@ -32,7 +32,7 @@ local function push_item(list, id, payload, ext, seq)
   list.id[n], list.payload[n], list.ext[n], list.seq[n], list.n = id, payload, ext, seq, n
 end
 
--- A group's fields by name (o, s, x, m) and its items in arrival order,
+-- A group's fields by name (OPENED, STATE, RULES, NAMES) and its items in arrival order,
 -- from its hash's fields (HGETALL). A small hash (listpack) returns its
 -- fields in insertion order, which is arrival order, so the items are
 -- sorted only when they are not already.
@@ -101,7 +101,7 @@ local function expiry(ctx)
   return ctx.expire
 end
 
--- The most items a batch carries as fields of its entry (see layout.lua).
+-- The most items a batch carries as fields of its entry (see src/scripts/layout.rs).
 local FIELDS_MAX = 2000
 
 -- Whether a flush of `count` items, cut into batches of at most `max` (0:
@@ -111,15 +111,15 @@ local function whole(count, max, full_only)
   return count <= FIELDS_MAX and (max == 0 or count <= max) and not (full_only and count < max)
 end
 
--- The group's fields a batch keeps (o, m); it drops the others.
-local KEPT = { [FIELD.opened] = true, [FIELD.names] = true }
+-- The group's fields a batch keeps (OPENED, NAMES); it drops the others.
+local KEPT = { [FIELD.OPENED] = true, [FIELD.NAMES] = true }
 
 -- Writes `fields`' first n as a batch of `key`, with its key, reason and
 -- flush time after them. Returns the batch as the functions reply it:
 -- {stream_id, fields}.
 local function xadd(ctx, key, reason, fields, n)
   fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4], fields[n + 5], fields[n + 6] =
-    BATCH.key, key, BATCH.reason, reason, BATCH.flushed, now_text(ctx)
+    BATCH.KEY, key, BATCH.REASON, reason, BATCH.FLUSHED, now_text(ctx)
   return { call('XADD', ctx.stream, '*', unpack(fields, 1, n + 6)), fields }
 end
 
@@ -156,10 +156,10 @@ local parts = {}
 
 -- Writes list's items from..to as one batch of `key` to the shard stream,
 -- as fields, or packed when there are more than FIELDS_MAX. Returns it as
--- {stream_id, fields}: the entry's fields, as layout.lua describes them.
+-- {stream_id, fields}: the entry's fields, as src/scripts/layout.rs describes them.
 local function write_batch(ctx, key, reason, opened, list, from, to, names)
-  local fields, j = { FIELD.opened, opened }, 2
-  if names ~= '' then fields[3], fields[4], j = FIELD.names, names, 4 end
+  local fields, j = { FIELD.OPENED, opened }, 2
+  if names ~= '' then fields[3], fields[4], j = FIELD.NAMES, names, 4 end
   local ids, payloads, exts, seqs = list.id, list.payload, list.ext, list.seq
   if to - from < FIELDS_MAX then
     for i = from, to do
@@ -175,7 +175,7 @@ local function write_batch(ctx, key, reason, opened, list, from, to, names)
     members[m + 1], members[m + 2], k, m = expire, prefix .. id, k + 6, m + 2
   end
   ctx.written = m / 2
-  fields[j + 1], fields[j + 2] = BATCH.packed, table.concat(parts, '', 1, k)
+  fields[j + 1], fields[j + 2] = BATCH.PACKED, table.concat(parts, '', 1, k)
   return xadd(ctx, key, reason, fields, j + 2)
 end
 

@@ -3,14 +3,14 @@
 -- For a group due by time (hash gkey): the reason it flushes now, or
 -- false and the time it is due again when min_items holds it (re-armed).
 local function hold(ctx, gkey, key, min_items)
-  local got = call('HMGET', gkey, FIELD.state, FIELD.rules)
+  local got = call('HMGET', gkey, FIELD.STATE, FIELD.RULES)
   if not (got[1] and got[2]) then return false, REASON.TIMEOUT end
   local _, size, _, last = read_state(got[1], 0)
   local r = read_rules(got[2])
   local next_due, why = due_of(r, last, size, min_items, ctx.now)
   if next_due <= ctx.now then return false, why end
   r.due = next_due
-  call('HSET', gkey, FIELD.rules, rules_field(r))
+  call('HSET', gkey, FIELD.RULES, rules_field(r))
   call('ZADD', ctx.due, dec(next_due), key)
   return next_due
 end
@@ -54,7 +54,7 @@ local function flush(keys, args)
   else
     local list
     meta, list = list_of(flat)
-    cut(ctx, key, reason, meta[FIELD.opened], list, max, false, meta[FIELD.names] or '', batches)
+    cut(ctx, key, reason, meta[FIELD.OPENED], list, max, false, meta[FIELD.NAMES] or '', batches)
   end
   call('DEL', gkey)
   call('ZREM', ctx.due, key)
@@ -87,8 +87,8 @@ end
 -- Returns: {removed (1 or 0), the group's size after}
 local function remove(keys, args)
   local due_key, gkey, key = keys[1], keys[2], args[1]
-  local got = call('HMGET', gkey, args[2], FIELD.state, FIELD.names, FIELD.rules, FIELD.limits,
-    FIELD.opened)
+  local got = call('HMGET', gkey, args[2], FIELD.STATE, FIELD.NAMES, FIELD.RULES, FIELD.LIMITS,
+    FIELD.OPENED)
   if not got[2] then return { 0, 0 } end
   local names, sums = names_of(got[3] or ''), {}
   local seq, size, bytes, last, summed = read_state(got[2], #names, sums)
@@ -99,7 +99,7 @@ local function remove(keys, args)
   if size <= 0 then
     call('DEL', gkey)
     call('ZREM', due_key, key)
-    unindex(keys[3], key, { [FIELD.limits] = got[5], [FIELD.opened] = got[6] })
+    unindex(keys[3], key, { [FIELD.LIMITS] = got[5], [FIELD.OPENED] = got[6] })
     return { 1, 0 }
   end
   local deadline, measures = 0, {}
@@ -109,10 +109,10 @@ local function remove(keys, args)
   if r and deadline > 0 and r.deadline == deadline then
     r.deadline = earliest_deadline(gkey)
     r.due = due_of(r, last, size, tonumber(args[3]), now_ms())
-    call('HSET', gkey, FIELD.rules, rules_field(r))
+    call('HSET', gkey, FIELD.RULES, rules_field(r))
     call('ZADD', due_key, dec(r.due), key)
   end
-  call('HSET', gkey, FIELD.state, state(seq, size, bytes, last, summed and #names or 0, sums))
+  call('HSET', gkey, FIELD.STATE, state(seq, size, bytes, last, summed and #names or 0, sums))
   return { 1, size }
 end
 
@@ -127,7 +127,7 @@ end
 --   items' packed values follow, joined by ';'), {sums}, {id, payload,
 --   ext, ...} in arrival order ({} unless asked)}
 local function group(keys, args)
-  local got = call('HMGET', keys[2], FIELD.state, FIELD.opened, FIELD.rules, FIELD.names)
+  local got = call('HMGET', keys[2], FIELD.STATE, FIELD.OPENED, FIELD.RULES, FIELD.NAMES)
   if not got[1] then return {} end
   local names, sums = names_of(got[4] or ''), {}
   local _, size, bytes, last, summed = read_state(got[1], #names, sums)
@@ -182,7 +182,7 @@ end
 -- Returns: the group's due time now, or 0 when it is not open
 local function retime(keys, args)
   local key, wait = args[1], tonumber(args[2])
-  local got = call('HMGET', keys[2], FIELD.opened, FIELD.rules)
+  local got = call('HMGET', keys[2], FIELD.OPENED, FIELD.RULES)
   local due = call('ZSCORE', keys[1], key)
   if not (got[1] and due) then return 0 end
   local latest = tonumber(got[1]) + wait
@@ -192,7 +192,7 @@ local function retime(keys, args)
     if r.max_wait > wait then
       r.max_wait = wait
       if r.due > latest then r.due = latest end
-      call('HSET', keys[2], FIELD.rules, rules_field(r))
+      call('HSET', keys[2], FIELD.RULES, rules_field(r))
     end
   end
   if due <= latest then return due end

@@ -1,75 +1,22 @@
--- The group layout, format 4: the only description of it. Every function
--- that reads or writes a group's hash is in this library, and reads its
--- fields by the names below.
---
--- One hash per open group, under its shard's hash tag, with the fields
--- below: each a single byte from 128 (shown as its letter), which no item
--- id can be (an id is UTF-8, so a one-byte id is ASCII), then its items:
---   o        opened at (ms, Redis clock), as text
---   s        the counters, struct '<dddd' .. 'd' * k: the last arrival's
---            sequence number, the item count, the payload bytes, the last
---            arrival (ms), then the sums of the k capacity measures that m
---            names, in m's order (no sums: they are summed again from the
---            items when a capacity needs them)
---   x        the due rules besides max_wait (absent for a group whose due
---            time is opened + max_wait, which only the due set holds),
---            struct '<dddddddd': max_wait, max_idle, the cutoff,
---            deadline_lead, max_age, the earliest item deadline, opened and
---            the due time the rules gave last (all ms, 0 = none)
---   m        the capacity measures that the items' packed values and the
---            sums follow, joined by ';' (absent: none)
---   l        when it opened under a limit on open groups: its policy's
---            scope, NUL, its last arrival as the index has it (absent:
---            not indexed; see limits.lua)
---   id       an item (the field is its id): its ext, its sequence number,
---            ',' and its payload
--- An item's ext is '' or, packed by the service: '+', a byte 1 + k, then
--- 1 + k little-endian doubles (its deadline in ms or 0, then its value of
--- each measure m names, -0 for none; k is 0 or m's count), then as text
--- its other measures ('m' name '=' value), its requeue count ('r' n) and
--- its trace context ('t' and 50 hex digits), joined by ';', then '|'
--- (text that this library does not read, it keeps as it is). The values
--- of a group's s, x and its usual items stay within Redis's compact
--- (listpack) hash encoding: a 32-byte parcel with two measures is a
--- 62-byte value.
---
--- The shard's flushed set remembers each flushed item for the dedup window:
--- its member is the key, a byte 255 (in no UTF-8 text, so the key ends
--- there) and the id, scored by when the window ends (ms).
---
--- A batch in the shard stream is an entry whose fields are its items and
--- its own fields. Its own are each a single byte from 128 too (FIELD and
--- BATCH below give each its byte):
---   o, m     its group's, as above (m absent when none)
---   k        the group's key
---   r        the flush reason
---   f        flushed at (ms, Redis clock), as text
---   g, d     on a copy a redrive queued for one consumer group: that group,
---            and the id of the batch it copies
---   p        its items packed, for a batch of more than FIELDS_MAX items
---            (more fields than a call can pass from a list): for each,
---            #id ':' id #value ':' value
--- Every other field is an item, its id and its value as in the group's
--- hash (ext, sequence number, ',' and payload). Readers order the items
--- by sequence number, and ignore any other field of one byte from 128: a
--- batch of a whole group is its hash's fields as HGETALL gives them, less
--- s, x and l, so no item is copied to write it.
+-- The group layout, format 4, and the helpers that read and write it.
+-- Every function that reads or writes a group's hash is in this library,
+-- and reads its fields by name. The layout is described once, in
+-- src/scripts/layout.rs; FIELD, BATCH and SEP (the bytes that name a
+-- group's and a batch's own fields, and the flushed set's separator) come
+-- from there, and the codes and packed orders (OUTCOME, LIMIT, POLICY,
+-- OVERFLOW, HEADER, FLAG) from src/scripts/codes.rs, all made by the
+-- service ahead of this file.
 
 local call, tonumber, unpack, format = redis.call, tonumber, unpack, string.format
 local find, sub, byte, char, rep, gmatch = string.find, string.sub, string.byte, string.char, string.rep, string.gmatch
 local pack, unpack_struct = struct.pack, struct.unpack
 
-local FIELD = { opened = '\128', state = '\129', rules = '\130', names = '\131', limits = '\132' }
--- A batch's own fields besides o and m. The redrive script (not in this
--- library) writes g and d by these bytes too.
-local BATCH = { key = '\133', reason = '\134', flushed = '\135', for_group = '\136', origin = '\137',
-  packed = '\138' }
-local STATE, OPENED = FIELD.state, FIELD.opened
+local STATE, OPENED = FIELD.STATE, FIELD.OPENED
+-- The outcomes most items get, as locals: the add paths write one per item.
+local ADDED, DUPLICATE = OUTCOME.ADDED, OUTCOME.DUPLICATE
 -- Whether a field of a group's hash is one of FIELD (else it is an item).
 local META = {}
 for _, name in pairs(FIELD) do META[name] = true end
--- What separates the key from the id in a flushed set's member.
-local SEP = '\255'
 
 -- Most arguments one command gets from a list.
 local CHUNK = 1000
@@ -225,17 +172,18 @@ local function encode_ext(deadline, measures, names, rest)
     .. table.concat(text, ';') .. '|'
 end
 
--- A policy as the service packs it (struct '<dddddddddddddd' of max_items,
--- max_bytes (0 = none), min_items (0 = none), max_wait, max_idle, the next
--- cutoff and the one after it, deadline_lead, max_age (ms, 0 = none), k,
--- its shard's part of its max_groups and of the service's limit on open
--- groups (0 = none), its overflow (0 refuse, 1 flush the oldest) and the
--- length of its scope; then k doubles, the capacity's limits; then its
--- scope (see limits.lua); then its k measure names joined by ';'), parsed
--- once and remembered while the library stays loaded.
+-- A policy as the service packs it (src/scripts/codes.rs, PolicySlot:
+-- the doubles of POLICY_FORMAT, read by their places in POLICY; then k
+-- doubles, the capacity's limits; then its scope (see limits.lua); then its
+-- k measure names joined by ';'), parsed once and remembered while the
+-- library stays loaded.
 local policy_of = memo(function(blob)
-  local max_items, max_bytes, min_items, max_wait, idle, c1, c2, lead, age, k, groups, global,
-    overflow, scope_len, at = unpack_struct('<dddddddddddddd', blob)
+  local v = { unpack_struct(POLICY_FORMAT, blob) }
+  local at = v[#v]
+  local max_items, max_bytes, min_items = v[POLICY.MAX_ITEMS], v[POLICY.MAX_BYTES], v[POLICY.MIN_ITEMS]
+  local idle, c1, lead, age = v[POLICY.MAX_IDLE], v[POLICY.CUTOFF], v[POLICY.DEADLINE_LEAD], v[POLICY.MAX_AGE]
+  local k, groups, global = v[POLICY.MEASURES], v[POLICY.MAX_GROUPS], v[POLICY.MAX_OPEN_GROUPS]
+  local scope_len = v[POLICY.SCOPE_LENGTH]
   local limits = {}
   if k > 0 then
     limits = { unpack_struct(doubles(k), blob, at) }
@@ -247,11 +195,11 @@ local policy_of = memo(function(blob)
   return { max_items = max_items, max_bytes = max_bytes, min_items = min_items,
     -- max_bytes, or, for none, a size no group reaches.
     bytes_cap = max_bytes > 0 and max_bytes or math.huge,
-    max_wait = max_wait, max_idle = idle, cutoff = c1, next_cutoff = c2, lead = lead,
-    max_age = age, k = k, limits = limits, dictionary = dictionary, names = names_of(dictionary),
+    max_wait = v[POLICY.MAX_WAIT], max_idle = idle, cutoff = c1, next_cutoff = v[POLICY.NEXT_CUTOFF],
+    lead = lead, max_age = age, k = k, limits = limits, dictionary = dictionary, names = names_of(dictionary),
     plain = idle == 0 and c1 == 0 and lead == 0 and age == 0,
-    groups = groups, global = global, flush_oldest = overflow == 1, scope = scope,
-    tracked = groups > 0 or global > 0,
+    groups = groups, global = global, flush_oldest = v[POLICY.OVERFLOW] == OVERFLOW.FLUSH_OLDEST,
+    scope = scope, tracked = groups > 0 or global > 0,
     -- No rules, no capacity, no limit on open groups and no min_items: the
     -- policy whose one-item groups add.lua's usual path takes.
     usual = idle == 0 and c1 == 0 and lead == 0 and age == 0 and k == 0 and groups == 0
@@ -261,3 +209,12 @@ local policy_of = memo(function(blob)
     ruled = not (idle == 0 and c1 == 0 and lead == 0 and age == 0 and k == 0 and min_items == 0)
       and groups == 0 and global == 0 }
 end, 256)
+
+-- The reason a group of policy p flushes by its size with n items of
+-- `bytes` payload bytes: SIZE at max_items, else BYTES at max_bytes, else
+-- false. Every add path asks it, so the rule is written once.
+local function size_reason(p, n, bytes)
+  if n >= p.max_items then return REASON.SIZE end
+  if bytes >= p.bytes_cap then return REASON.BYTES end
+  return false
+end

@@ -1,9 +1,10 @@
--- The library's registration. `scripts.rs` puts every other file of the
--- library (layout, batches, add, groups) in one function, `body`, which
--- returns the functions by verb: a library runs its top level where
--- nothing but `redis.register_function` exists, so the body runs at the
--- first call instead, once. What it makes (memos, the add's arrays) stays
--- with the library until it is loaded again.
+-- The library's registration. `src/scripts/mod.rs` puts the tables it
+-- shares with the service at the top, and every other file of the library
+-- (layout, batches, add, groups) in one function, `body`, which returns
+-- the functions by verb: a library runs its top level where nothing but
+-- `redis.register_function` exists, so the body runs at the first call
+-- instead, once. What it makes (memos, the add's arrays) stays with the
+-- library until it is loaded again.
 
 local functions
 

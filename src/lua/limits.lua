@@ -2,7 +2,7 @@
 -- check an add makes before it opens a group.
 --
 -- A group opened while its policy (max_groups) or the service (max open
--- groups) set a limit is indexed: its hash has the field l (its policy's
+-- groups) set a limit is indexed: its hash has the field LIMITS (its policy's
 -- scope, '' when only the service's limit applies, NUL, and its last
 -- arrival as the index has it), and its shard's index (one sorted set, KEY
 -- ix, every member scored 0 and read by lex range) has it as
@@ -10,13 +10,10 @@
 --   'o' opened key              the same, oldest first
 --   's' scope NUL last arrival key   a scope's groups, least recently added-to first
 -- (times in ms, 15 digits). A group's last arrival in the index is the one
--- in its l: an add under a limit moves both (an add whose key's policy no
+-- in its LIMITS: an add under a limit moves both (an add whose key's policy no
 -- longer has a limit moves neither), and whatever deletes an indexed
 -- group's hash takes it out of the index. A limit counts the indexed
 -- groups of the shard, so groups opened before it was set are not counted.
-
--- Which limit an add passed.
-local LIMIT = { SHARD = 1, POLICY = 2 }
 
 local function ms15(t)
   return format('%015d', t)
@@ -29,7 +26,7 @@ local function scope_range(scope)
   return '[s' .. scope .. '\0', '(s' .. scope .. '\1'
 end
 
--- A group's l, and back.
+-- A group's LIMITS field, and back.
 local function limits_field(scope, last)
   return scope .. '\0' .. format('%d', last)
 end
@@ -64,10 +61,10 @@ end
 -- Takes group `key` out of the index as its hash (`meta`, its fields by
 -- name, o and l among them) is deleted, if it is indexed.
 local function unindex(ix, key, meta)
-  local l = meta[FIELD.limits]
+  local l = meta[FIELD.LIMITS]
   if not l then return end
   local scope, last = read_limits_field(l)
-  local o = 'o' .. ms15(tonumber(meta[FIELD.opened])) .. key
+  local o = 'o' .. ms15(tonumber(meta[FIELD.OPENED])) .. key
   if scope == '' then
     call('ZREM', ix, 'l' .. ms15(last) .. key, o)
   else

@@ -16,18 +16,19 @@ for i = 2, #ARGV do
   if redis.call('ZREM', dead, entry_id) == 1 then
     local entry = redis.call('XRANGE', stream, entry_id, entry_id)
     if #entry > 0 then
-      -- The copy's own fields g and d (see layout.lua's batch fields).
+      -- The copy's own fields FOR_GROUP and ORIGIN (BATCH, made by the
+      -- service ahead of this file; see src/scripts/layout.rs).
       local args = { 'XADD', stream, '*' }
       local fields = entry[1][2]
       for f = 1, #fields, 2 do
-        if fields[f] ~= '\136' and fields[f] ~= '\137' then
+        if fields[f] ~= BATCH.FOR_GROUP and fields[f] ~= BATCH.ORIGIN then
           args[#args + 1] = fields[f]
           args[#args + 1] = fields[f + 1]
         end
       end
-      args[#args + 1] = '\136'
+      args[#args + 1] = BATCH.FOR_GROUP
       args[#args + 1] = group
-      args[#args + 1] = '\137'
+      args[#args + 1] = BATCH.ORIGIN
       args[#args + 1] = origin
       local copy = redis.call(unpack(args))
       redis.call('HSET', redriven, origin, copy)

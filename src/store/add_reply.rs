@@ -5,6 +5,7 @@
 use redis::{FromRedisValue, ParsingError, Value, from_redis_value};
 
 use super::decode::{ScriptBatch, next_part};
+use crate::scripts::codes::{Limit, Outcome};
 
 /// What the add function did with one item (see `src/lua/add_call.lua`).
 #[derive(Debug, PartialEq, Eq)]
@@ -60,7 +61,7 @@ impl AddReply {
         }
         let mut items = Vec::with_capacity(count);
         for pair in self.numbers.chunks_exact(2) {
-            let (outcome, size) = item_reply(pair[0] as i64, pair[1] as u32)?;
+            let (outcome, size) = item_reply(pair[0], pair[1])?;
             items.push((outcome, size, None));
         }
         for (at, batches) in self.wrote {
@@ -73,19 +74,29 @@ impl AddReply {
     }
 }
 
-/// An item's outcome and its group's size, from its code and number.
-fn item_reply(code: i64, n: u32) -> Result<(ItemReply, u32), ParsingError> {
-    let outcome = match code {
-        1 => ItemReply::Added,
-        2 => ItemReply::Duplicate,
-        3 => ItemReply::Refused { by_policy: n == 2 },
-        4 | 5 => ItemReply::Waiting {
-            by_policy: code == 5,
+/// An item's outcome and its group's size, from its code and number (see
+/// [`Outcome`]).
+fn item_reply(code: f64, n: f64) -> Result<(ItemReply, u32), ParsingError> {
+    let outcome = Outcome::from_code(code).ok_or_else(|| format!("add outcome {code}"))?;
+    let reply = match outcome {
+        Outcome::Added => ItemReply::Added,
+        Outcome::Duplicate => ItemReply::Duplicate,
+        Outcome::Refused => {
+            let limit = Limit::from_code(n).ok_or_else(|| format!("open-group limit {n}"))?;
+            ItemReply::Refused {
+                by_policy: limit == Limit::Policy,
+            }
+        }
+        Outcome::WaitingShard | Outcome::WaitingPolicy => ItemReply::Waiting {
+            by_policy: outcome == Outcome::WaitingPolicy,
             room: n as usize,
         },
-        other => return Err(format!("add outcome {other}").into()),
     };
-    Ok((outcome, if code <= 2 { n } else { 0 }))
+    let size = match outcome {
+        Outcome::Added | Outcome::Duplicate => n as u32,
+        _ => 0,
+    };
+    Ok((reply, size))
 }
 
 /// The numbers of a packed add reply: the earliest due time, and the rest.

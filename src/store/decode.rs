@@ -9,6 +9,7 @@ use redis::{FromRedisValue, ParsingError, Value, from_redis_value};
 
 use super::ext;
 use crate::batch::{Batch, DecodeError, FlushReason, Group, Item, StreamId, take};
+use crate::scripts::layout::Field;
 
 impl From<DecodeError> for ParsingError {
     fn from(err: DecodeError) -> ParsingError {
@@ -208,31 +209,16 @@ impl FromRedisValue for LastGenerated {
     }
 }
 
-/// The fields of a batch of its own (see `src/lua/layout.lua`): a single
-/// byte from 128, which no item id can be (an id is UTF-8).
-mod field {
-    pub const OPENED: u8 = 128;
-    pub const NAMES: u8 = 131;
-    pub const KEY: u8 = 133;
-    pub const REASON: u8 = 134;
-    pub const FLUSHED: u8 = 135;
-    pub const FOR_GROUP: u8 = 136;
-    pub const ORIGIN: u8 = 137;
-    pub const PACKED: u8 = 138;
-}
-
-/// A batch as its stream entry holds it (format 4, see
-/// `src/lua/layout.lua`): its own fields (`field`) and its items, each an
-/// id and its value in its group's hash (an ext, its sequence number, `,`
-/// and its payload), in any order; or, in a batch too large for that, packed
-/// in one field. The items are put in arrival order by sequence number.
+/// A batch as its stream entry holds it ([`crate::scripts::layout`]): its
+/// own fields ([`Field`]) and its items, in any order, or packed in one
+/// field. The items are put in arrival order by sequence number.
 pub(super) fn batch_from_entry(shard: u16, entry: Entry) -> Result<Batch, ParsingError> {
     let Entry { id, fields } = entry;
     let bad = |what: &str| ParsingError::from(format!("stream entry {id}: {what}"));
     if fields.len() % 2 != 0 {
         return Err(bad("an odd number of fields"));
     }
-    let mut own: [Option<Vec<u8>>; 11] = Default::default();
+    let mut own: [Option<Vec<u8>>; Field::ALL.len()] = Default::default();
     let mut raw: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(fields.len() / 2);
     let mut fields = fields.into_iter();
     while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
@@ -245,9 +231,10 @@ pub(super) fn batch_from_entry(shard: u16, entry: Entry) -> Result<Batch, Parsin
             _ => raw.push((name, value)),
         }
     }
-    let mut take_optional = |byte: u8| own[usize::from(byte - 128)].take();
-    let mut take_own =
-        |byte: u8, what: &str| take_optional(byte).ok_or_else(|| bad(&format!("lacks its {what}")));
+    let mut take_optional = |field: Field| own[usize::from(field.byte() - 128)].take();
+    let mut take_own = |field: Field, what: &str| {
+        take_optional(field).ok_or_else(|| bad(&format!("lacks its {what}")))
+    };
     let text = |bytes: Vec<u8>, what: &str| {
         String::from_utf8(bytes).map_err(|_| bad(&format!("its {what} is not UTF-8")))
     };
@@ -257,18 +244,18 @@ pub(super) fn batch_from_entry(shard: u16, entry: Entry) -> Result<Batch, Parsin
             .and_then(|t| t.parse().ok())
             .ok_or_else(|| bad(&format!("its {what} is not a number")))
     };
-    let key = text(take_own(field::KEY, "key")?, "key")?;
-    let reason: FlushReason = text(take_own(field::REASON, "reason")?, "reason")?.parse()?;
-    let opened_at_ms = number(take_own(field::OPENED, "opening time")?, "opening time")?;
-    let flushed_at_ms = number(take_own(field::FLUSHED, "flush time")?, "flush time")?;
-    let names = ext::names_of(&take_optional(field::NAMES).unwrap_or_default());
-    let for_group = take_optional(field::FOR_GROUP)
+    let key = text(take_own(Field::Key, "key")?, "key")?;
+    let reason: FlushReason = text(take_own(Field::Reason, "reason")?, "reason")?.parse()?;
+    let opened_at_ms = number(take_own(Field::Opened, "opening time")?, "opening time")?;
+    let flushed_at_ms = number(take_own(Field::Flushed, "flush time")?, "flush time")?;
+    let names = ext::names_of(&take_optional(Field::Names).unwrap_or_default());
+    let for_group = take_optional(Field::ForGroup)
         .map(|g| text(g, "consumer group"))
         .transpose()?;
-    let origin = take_optional(field::ORIGIN)
+    let origin = take_optional(Field::Origin)
         .map(|o| text(o, "origin")?.parse().map_err(ParsingError::from))
         .transpose()?;
-    if let Some(packed) = take_optional(field::PACKED) {
+    if let Some(packed) = take_optional(Field::Packed) {
         let mut blob = &packed[..];
         while !blob.is_empty() {
             let item_id = take(&mut blob, "packed items")?.to_vec();

@@ -1,22 +1,16 @@
 //! An item's ext, what it carries besides its id and payload (deadline,
 //! measures, requeue count, trace context), both ways: packed as the add function gets it
 //! and a group stores it, and read back from a batch or a group's items.
-//! The layout is documented once, in `src/lua/layout.lua`.
+//! Its layout is described once, in [`crate::scripts::layout`].
 
 use std::collections::BTreeMap;
 
 use crate::batch::{DecodeError, Item, TraceContext};
 
-/// An item's packed ext for a group whose capacity is `capacity`, or empty
-/// for an item with nothing but an id and a payload: `+`, a byte 1 + k,
-/// 1 + k little-endian doubles (the deadline in ms or 0, then the item's
-/// value of each of the capacity's k measures in order, -0 for none), the
-/// item's other measures (`m<name>=<value>`), requeue count (`r<count>`)
-/// and trace context (`t` and 50 hex digits: trace id, span id, flags) as
-/// text joined by `;`, then `|`. The library keeps text entries it does
-/// not read (`r`, `t`) as they are, in order, through flushes, cuts and
-/// re-packing; an item without a trace context packs exactly as it did
-/// before traces existed.
+/// An item's packed ext for a group whose capacity is `capacity` (its
+/// values follow the capacity's names, in order), or empty for an item
+/// with nothing but an id and a payload; an item without a trace context
+/// packs exactly as it did before traces existed.
 ///
 /// Measure values are at most 2^53 - 1 (the service checks them), so the
 /// doubles hold them exactly. A capacity names at most

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use batcher::batch::{AddOutcome, AddResult};
-use batcher::batch::{FlushReason, Item};
+use batcher::batch::{FlushReason, Item, OpenLimit};
 use batcher::keys::Keyspace;
-use batcher::policy::{Policies, Policy, PolicyHandle};
+use batcher::policy::{Overflow, Policies, Policy, PolicyHandle};
 use batcher::store::{NewItem, RedisTarget, Store, Timeouts};
 
 use crate::support::{RedisServer, eventually};
@@ -568,4 +568,85 @@ async fn parcels_follow_reloads_and_removes() {
     let want = [("c", 2, 1), ("e", 7, 1), ("f", 1, 3)]
         .map(|(id, kg, l)| weighed(id, &[("kg", kg), ("l", l)]).measures);
     assert_eq!(got, want);
+}
+
+/// Adds one plain item `id` to `key` under `policy`.
+async fn add_to(store: &Store, key: &str, policy: &Policy, id: &str) -> AddResult {
+    let new = NewItem {
+        key: key.into(),
+        item: parcel(id, None),
+        policy: policy.clone(),
+        close: false,
+        requeue_of: None,
+    };
+    store.add(vec![new]).await.expect("add").results.remove(0)
+}
+
+/// Every outcome and limit code the add function replies reads back as
+/// what it means, through a real Redis: added, duplicate, refused by the
+/// service's and by a policy's limit on open groups, and waiting for room
+/// under each (which the store settles by an OVERFLOW flush of the group
+/// the reply named).
+#[tokio::test]
+async fn every_add_outcome_crosses_to_its_rust_type() {
+    let redis = RedisServer::start();
+    let plain = Policy::basic(100, Duration::from_secs(600), None);
+    let store = open(&redis, &plain);
+    let keyspace = store.keyspace().clone();
+    // Keys of one shard: a limit on open groups counts per shard.
+    let keys: Vec<String> = (0..)
+        .map(|n| format!("k{n}"))
+        .filter(|key| keyspace.shard_of(key) == keyspace.shard_of("k0"))
+        .take(5)
+        .collect();
+    let outcome = |r: &AddResult| (r.outcome.clone(), r.group_size);
+
+    let added = add_to(&store, &keys[0], &plain, "a").await;
+    assert_eq!(outcome(&added), (AddOutcome::Added, 1));
+    let again = add_to(&store, &keys[0], &plain, "a").await;
+    assert_eq!(outcome(&again), (AddOutcome::Duplicate, 1));
+
+    // The service's limit: one open group per shard, counted from here.
+    store.set_max_open_groups(u32::from(keyspace.shards()));
+    add_to(&store, &keys[1], &plain, "b").await;
+    let refused = add_to(&store, &keys[2], &plain, "c").await;
+    assert_eq!(
+        outcome(&refused),
+        (AddOutcome::Refused(OpenLimit::Service), 0)
+    );
+    let oldest = Policy {
+        overflow: Overflow::FlushOldest,
+        ..plain.clone()
+    };
+    let waited = add_to(&store, &keys[2], &oldest, "c").await;
+    assert_eq!(outcome(&waited), (AddOutcome::Added, 1));
+    assert_eq!(reasons(&waited), [(keys[1].clone(), FlushReason::Overflow)]);
+    store.set_max_open_groups(0);
+
+    // A policy's own limit, by its scope.
+    let scoped = Policy {
+        max_groups: u32::from(keyspace.shards()),
+        scope: Some("d".into()),
+        ..plain.clone()
+    };
+    add_to(&store, &keys[3], &scoped, "d").await;
+    let refused = add_to(&store, &keys[4], &scoped, "e").await;
+    let by_policy = OpenLimit::Policy("d".into());
+    assert_eq!(outcome(&refused), (AddOutcome::Refused(by_policy), 0));
+    let oldest = Policy {
+        overflow: Overflow::FlushOldest,
+        ..scoped
+    };
+    let waited = add_to(&store, &keys[4], &oldest, "e").await;
+    assert_eq!(outcome(&waited), (AddOutcome::Added, 1));
+    assert_eq!(reasons(&waited), [(keys[3].clone(), FlushReason::Overflow)]);
+}
+
+/// The key and reason of each batch an add wrote.
+fn reasons(result: &AddResult) -> Vec<(String, FlushReason)> {
+    result
+        .flushed
+        .iter()
+        .map(|b| (b.key.clone(), b.reason))
+        .collect()
 }

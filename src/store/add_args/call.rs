@@ -6,6 +6,7 @@ use std::io::Write;
 use redis::RedisWrite;
 
 use super::{AddArgs, ItemArgs};
+use crate::scripts::codes::{HeaderSlot, ItemFlag};
 
 /// One shard's add call, laid out: how many keys and arguments it has, and
 /// the writing of them into a command (or any [`RedisWrite`]).
@@ -78,13 +79,16 @@ impl AddCall<'_> {
             -(per_item as f64)
         };
         let policies = args.policies.len();
-        let numbers = [
-            args.dedup.as_millis() as f64,
-            policies as f64,
-            args.groups.len() as f64,
-            shape,
-            self.lead as f64,
-        ];
+        let mut numbers = [0.0; HeaderSlot::ALL.len()];
+        for (slot, _) in HeaderSlot::ALL {
+            numbers[slot as usize] = match slot {
+                HeaderSlot::Dedup => args.dedup.as_millis() as f64,
+                HeaderSlot::Policies => policies as f64,
+                HeaderSlot::Groups => args.groups.len() as f64,
+                HeaderSlot::Shape => shape,
+                HeaderSlot::Lead => self.lead as f64,
+            };
+        }
         {
             let mut header = out.writer_for_next_arg();
             let lengths = args.policies.iter().map(|(_, packed)| packed.len() as f64);
@@ -106,10 +110,10 @@ impl AddCall<'_> {
                 let mut group = out.writer_for_next_arg();
                 let _ = write!(group, "{}", item.group);
                 if item.close {
-                    write_all(&mut group, &[b"c"]);
+                    write_all(&mut group, &[&[ItemFlag::Close.byte()]]);
                 }
                 if let Some(batch) = item.requeue_of {
-                    write_all(&mut group, &[b"q", batch.as_bytes()]);
+                    write_all(&mut group, &[&[ItemFlag::Requeue.byte()], batch.as_bytes()]);
                 }
             }
             out.write_arg(item.id);

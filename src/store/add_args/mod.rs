@@ -15,7 +15,8 @@ pub use self::call::AddCall;
 use super::ext;
 use crate::batch::Item;
 use crate::keys::Keyspace;
-use crate::policy::{Overflow, Policy};
+use crate::policy::Policy;
+use crate::scripts::codes::{PolicySlot, overflow_code};
 
 /// The KEYS and ARGV of one call of the library's add function
 /// (`src/lua/add_call.lua` documents them) for one shard:
@@ -318,13 +319,8 @@ struct OpenLimits {
     shard: u32,
 }
 
-/// A policy as the add function takes it, worked out once per call:
-/// fourteen little-endian doubles (`max_items`, `max_bytes` or 0,
-/// `min_items`, `max_wait`, `max_idle`, the first cutoff after now (less
-/// the clock skew) and the one after it, `deadline_lead`, `max_age`, in
-/// ms, 0 for none; k, the capacity's measure count; the shard's limits on
-/// open groups, the policy's and the service's; the overflow, 0 to refuse
-/// and 1 to flush the oldest; the length of its scope), then the
+/// A policy as the add function takes it, worked out once per call: the
+/// little-endian doubles of [`PolicySlot`], each at its place, then the
 /// capacity's k limits as doubles, then its scope, then its measure names
 /// joined by `;`, in the order an item's packed values follow.
 fn packed_policy(policy: &Policy, open: OpenLimits) -> Vec<u8> {
@@ -343,22 +339,25 @@ fn packed_policy(policy: &Policy, open: OpenLimits) -> Vec<u8> {
         Some(scope) if open.policy > 0 => (scope.as_bytes(), open.policy),
         _ => (&[][..], 0),
     };
-    let numbers = [
-        f64::from(policy.max_items),
-        policy.max_bytes.unwrap_or(0) as f64,
-        f64::from(policy.min_items),
-        ms(Some(policy.max_wait)),
-        ms(policy.max_idle),
-        c1 as f64,
-        c2 as f64,
-        ms(Some(policy.deadline_lead)),
-        ms(policy.max_age),
-        policy.capacity.len() as f64,
-        f64::from(policy_limit),
-        f64::from(open.shard),
-        f64::from(u8::from(policy.overflow == Overflow::FlushOldest)),
-        scope.len() as f64,
-    ];
+    let mut numbers = [0.0; PolicySlot::ALL.len()];
+    for (slot, _) in PolicySlot::ALL {
+        numbers[slot as usize] = match slot {
+            PolicySlot::MaxItems => f64::from(policy.max_items),
+            PolicySlot::MaxBytes => policy.max_bytes.unwrap_or(0) as f64,
+            PolicySlot::MinItems => f64::from(policy.min_items),
+            PolicySlot::MaxWait => ms(Some(policy.max_wait)),
+            PolicySlot::MaxIdle => ms(policy.max_idle),
+            PolicySlot::Cutoff => c1 as f64,
+            PolicySlot::NextCutoff => c2 as f64,
+            PolicySlot::DeadlineLead => ms(Some(policy.deadline_lead)),
+            PolicySlot::MaxAge => ms(policy.max_age),
+            PolicySlot::Measures => policy.capacity.len() as f64,
+            PolicySlot::MaxGroups => f64::from(policy_limit),
+            PolicySlot::MaxOpenGroups => f64::from(open.shard),
+            PolicySlot::Overflow => f64::from(overflow_code(policy.overflow)),
+            PolicySlot::ScopeLength => scope.len() as f64,
+        };
+    }
     let limits = policy.capacity.values().map(|v| *v as f64);
     let names: usize = policy.capacity.keys().map(|name| name.len() + 1).sum();
     let mut packed =

@@ -1,6 +1,7 @@
 //! The add function's arguments, as the command gets them.
 
 use super::*;
+use crate::policy::Overflow;
 
 /// Items of one key share a group; each distinct policy is packed once,
 /// and each group and item lands where the add function reads it, with
@@ -177,19 +178,38 @@ fn packs_the_limits_on_open_groups() {
     args.item("scan-1", &policy, b"1", b"x");
     let (_, argv, _) = parts(args);
     let packed = policies(&argv[0])[0];
-    let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
+    let double = |slot: PolicySlot| {
+        let at = 8 * slot as usize;
+        f64::from_le_bytes(packed[at..at + 8].try_into().unwrap())
+    };
+    use PolicySlot::{MaxGroups, MaxOpenGroups, Overflow as OverflowSlot, ScopeLength};
     assert_eq!(
-        (double(10), double(11), double(12), double(13)),
+        (
+            double(MaxGroups),
+            double(MaxOpenGroups),
+            double(OverflowSlot),
+            double(ScopeLength)
+        ),
         (3.0, 3.0, 1.0, 7.0)
     );
-    assert_eq!(&packed[112..], b"kscan-*");
+    assert_eq!(&packed[8 * PolicySlot::ALL.len()..], b"kscan-*");
 
     policy.scope = None;
     let mut args = AddArgs::new(&keyspace, 0, Duration::from_secs(60));
     args.item("scan-1", &policy, b"1", b"x");
     let (_, argv, _) = parts(args);
     let packed = policies(&argv[0])[0];
-    let double = |i: usize| f64::from_le_bytes(packed[8 * i..8 * i + 8].try_into().unwrap());
-    assert_eq!((double(10), double(11), double(13)), (0.0, 0.0, 0.0));
-    assert_eq!(packed.len(), 112);
+    let double = |slot: PolicySlot| {
+        let at = 8 * slot as usize;
+        f64::from_le_bytes(packed[at..at + 8].try_into().unwrap())
+    };
+    assert_eq!(
+        (
+            double(MaxGroups),
+            double(MaxOpenGroups),
+            double(ScopeLength)
+        ),
+        (0.0, 0.0, 0.0)
+    );
+    assert_eq!(packed.len(), 8 * PolicySlot::ALL.len());
 }
