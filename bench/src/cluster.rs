@@ -21,8 +21,9 @@
 //! [`spread`] computes, without Redis, how many of N shards each of 3 masters
 //! owns under that standard split, for the shard counts of [`SHARD_COUNTS`].
 
-use batcher::embedded::launcher::{Cluster, ClusterOptions, LaunchError};
+use batcher::embedded::launcher::LaunchError;
 use batcher::keys::{Keyspace, cluster_slot};
+use batcher_testkit::cluster::{Cluster, ClusterOptions};
 
 use super::ingest::{self, INGEST_KEYS, Ingest};
 use super::load::key;

@@ -17,7 +17,8 @@
 //!   [`client`] (until it answers) and [`channel`] (lazy).
 //! - `redis`: [`RedisServer`], one real `redis-server` per test, killed on
 //!   drop, restartable on its port, and [`cli`] (`redis-cli`).
-//! - `cluster`: a local Redis Cluster: one per test ([`cluster::start`]) or
+//! - `cluster`: a local Redis Cluster ([`cluster::Cluster`], its nodes
+//!   started by the launcher): one per test ([`cluster::start`]) or
 //!   one shared by a whole test binary ([`cluster::shared`]).
 #![warn(missing_docs)]
 

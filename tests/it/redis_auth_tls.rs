@@ -11,8 +11,9 @@ use std::path::Path;
 use crate::support::tls::{Certs, tls_only_server};
 use crate::support::{Service, add, eventually, next_batch};
 use batcher::config::Config;
-use batcher::embedded::launcher::{Cluster, ClusterOptions, Launch};
+use batcher::embedded::launcher::Launch;
 use batcher::pb;
+use batcher_testkit::cluster::{Cluster, ClusterOptions};
 use tonic::Code;
 
 /// The password of the test servers' `default` user.

@@ -28,11 +28,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-pub use self::cluster::{Cluster, ClusterNode, ClusterOptions, ClusterTls};
 pub(crate) use self::probe::{answers, config_dir};
 pub use self::server::RedisServer;
 
-mod cluster;
 mod probe;
 mod server;
 
@@ -47,7 +45,7 @@ pub const LOG_TAIL_LINES: usize = 20;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How many free ports a start tries before giving up: another process can
 /// take the port between our probe and redis's own bind.
-const PORT_ATTEMPTS: usize = 5;
+pub const PORT_ATTEMPTS: usize = 5;
 /// What redis logs when its port or socket is taken.
 const ADDRESS_IN_USE: &str = "Address already in use";
 

@@ -5,7 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use batcher::embedded::launcher::{self, ClusterTls, Launch, Listen};
+use batcher::embedded::launcher::{self, Launch, Listen};
+use batcher_testkit::cluster::ClusterTls;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,

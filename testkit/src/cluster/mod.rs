@@ -1,11 +1,16 @@
-//! A real local Redis Cluster: the service's `launcher::Cluster` (which
-//! the bench starts too), one per test ([`start`]) or one shared by every
-//! test of a binary ([`shared`]).
+//! A real local Redis Cluster: [`Cluster`] (`launcher`: its nodes, each
+//! started by the service's own launcher, which the bench starts too), one
+//! per test ([`start`]) or one shared by every test of a binary
+//! ([`shared`]).
+
+mod launcher;
 
 use std::sync::{Mutex, OnceLock, mpsc};
 
+pub use self::launcher::{
+    Cluster, ClusterNode, ClusterOptions, ClusterTls, DEFAULT_CLUSTER_TIMEOUT, DEFAULT_NODE_TIMEOUT,
+};
 use batcher::config::AppendFsync;
-pub use batcher::embedded::launcher::{Cluster, ClusterNode, ClusterOptions, ClusterTls};
 
 /// Starts a cluster of `masters` masters with `replicas` replicas each, with
 /// AOF and the given fsync policy if any. Panics with the nodes' logs.

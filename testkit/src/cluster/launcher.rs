@@ -27,11 +27,11 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{
+use batcher::config::AppendFsync;
+use batcher::embedded::launcher::{
     LOG_TAIL_LINES, Launch, LaunchError, Listen, PORT_ATTEMPTS, RedisServer, free_port, log_tail,
     set_parent_death_signal,
 };
-use crate::config::AppendFsync;
 
 /// Default `cluster-node-timeout`: short, so a failover takes seconds.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(2);
