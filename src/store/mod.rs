@@ -13,152 +13,52 @@
 //! Replies are decoded by redis-rs: its stream reply types for stream
 //! commands, and `FromRedisValue` impls in `decode` for our own shapes.
 //!
+//! - `add/`: the write path, one wing (its module doc describes it whole):
+//!   a request split per shard, the add writers and their queues, the add
+//!   function's arguments and reply, and making room under a limit on open
+//!   groups.
 //! - `conn`: connections to one Redis or a cluster, and `invoke` (with `WAIT`).
-//! - `add`: the add path, which splits a request per shard; `job`: what a
-//!   shard's part asks of the writers and what they answer, with the call
-//!   deadline they honour; `writer`: the add writers (in rounds on one
-//!   Redis, one per shard on a cluster) and their bounded queues;
-//!   `add_args` builds the add function's arguments; `room` settles adds
-//!   that wait for room under a limit on open groups.
 //! - `groups`: remove, flush, the due scan, and reading open groups.
 //! - `streams`: stream heads, reads (including blocking tails) and trimming.
 //! - `consumer_groups`: durable subscriptions' reads, claims, acks and dead letters.
 //! - `policies`: the policy store's documents, revision and history.
 //! - `stats`: the counts behind the metrics gauges (open groups, consumer backlogs).
-//! - `decode`: how replies become our types.
+//! - `decode`: how replies become our types; `ext`: an item's ext, packed
+//!   for the add function and read back from batches and groups.
+//! - `error`: [`StoreError`], the layer's one error enum.
 
 mod add;
-mod add_args;
-mod add_reply;
 mod conn;
 mod consumer_groups;
 mod decode;
+mod error;
 mod ext;
 mod groups;
-mod job;
 mod policies;
-mod room;
 mod stats;
 mod streams;
-mod writer;
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
-use tokio::sync::mpsc;
+use redis::{FromRedisValue, RedisError};
 
-use crate::batch::DecodeError;
 use crate::keys::Keyspace;
 use crate::policy::PolicyHandle;
 
-pub use add::AddReport;
-pub use add_args::AddArgs;
+pub use add::{AddArgs, AddReport, Deadline, LANES, NewItem};
 pub use conn::{Conn, Endpoint, Password, RedisTarget, Timeouts, WaitReplicas};
 pub use consumer_groups::DeadLetterPosition;
 pub use decode::DueScan;
+pub use error::{Result, StoreError};
 pub use groups::GroupPos;
-pub use job::{Deadline, NewItem};
 pub use policies::{BULK_CHANGE, PolicyChange, PolicyWrite, Revision, StoredPolicy, Written};
 pub use stats::{ConsumerGroupStats, OpenLimitStats, OpenLimits};
-pub use writer::LANES;
 
+use add::{AddWriter, ShardQueue};
 use conn::{Code, Connector, invoke};
-use writer::{AddWriter, ShardQueue};
-
-/// Errors of the store layer.
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum StoreError {
-    /// Redis could not be reached, or is not ready to serve (loading, failing over).
-    #[error("redis unavailable: {0}")]
-    Unavailable(RedisError),
-    /// Redis answered with an error that retrying will not fix.
-    #[error("redis error: {0}")]
-    Redis(RedisError),
-    /// Redis holds data that batcher did not write in that shape.
-    #[error(transparent)]
-    Decode(#[from] DecodeError),
-    /// The shard's add queue holds `limit` adds already: Redis is not keeping
-    /// up. Nothing of the call was queued.
-    #[error("the add queue of shard {shard} is full ({limit} adds waiting); retry later")]
-    QueueFull { shard: u16, limit: usize },
-    /// Redis is at its `maxmemory` and refuses writes (`OOM`); a write
-    /// script refused so wrote nothing, since the refusal comes before its
-    /// first write.
-    #[error("redis is out of memory (maxmemory)")]
-    OutOfMemory(RedisError),
-    /// Redis holds data under the prefix in another format than this
-    /// build's ([`crate::scripts::FORMAT`]); nothing is written to it.
-    #[error(
-        "redis holds batcher data format {found} under prefix {prefix:?}, and this batcher reads \
-         and writes format {}; run the version that wrote it until every group has flushed and \
-         every subscriber caught up, then delete the prefix's keys, or give this one another \
-         [redis] prefix",
-        crate::scripts::FORMAT
-    )]
-    WrongFormat { found: String, prefix: String },
-    /// Redis holds data under the prefix spread over another number of
-    /// shards than `[redis] shards`: under this count every key maps to
-    /// other shard keys, so the open groups, their due times and the dedup
-    /// window would be left where no writer or sweeper looks. Nothing is
-    /// written to it.
-    #[error(
-        "redis holds batcher data in {found} shards under prefix {prefix:?}, and this config has \
-         [redis] shards = {configured}; set shards = {found} (the count cannot change while the \
-         prefix holds data: every group, due time and remembered id would be stranded), or give \
-         this one another [redis] prefix"
-    )]
-    WrongShards {
-        found: String,
-        configured: u16,
-        prefix: String,
-    },
-    /// The call's deadline (this long) passed before Redis answered.
-    #[error("redis did not answer within {}", humantime::format_duration(*.0))]
-    Timeout(Duration),
-}
-
-impl From<RedisError> for StoreError {
-    fn from(err: RedisError) -> StoreError {
-        let transient = err.is_io_error()
-            || err.is_timeout()
-            || err.is_connection_dropped()
-            || err.is_connection_refusal()
-            // A cluster client that reaches no node (they are down, or
-            // refuse its credentials).
-            || err.kind() == ErrorKind::ClusterConnectionNotFound
-            || matches!(
-                err.kind(),
-                ErrorKind::Server(
-                    ServerErrorKind::BusyLoading
-                        | ServerErrorKind::TryAgain
-                        | ServerErrorKind::ClusterDown
-                        | ServerErrorKind::MasterDown
-                        | ServerErrorKind::ReadOnly
-                        // A redirect that outlived the client's retries: the
-                        // cluster is failing over or moving the slot.
-                        | ServerErrorKind::Moved
-                        | ServerErrorKind::Ask
-                )
-            );
-        crate::metrics::redis_error(&err, transient);
-        if err.code() == Some("OOM") {
-            StoreError::OutOfMemory(err)
-        } else if transient {
-            StoreError::Unavailable(err)
-        } else if err.kind() == ErrorKind::Parse {
-            // A reply that did not decode into the type asked for.
-            StoreError::Decode(DecodeError(err.to_string()))
-        } else {
-            StoreError::Redis(err)
-        }
-    }
-}
-
-/// Result type of the store.
-pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// The Redis-backed state of batcher.
 #[derive(Clone)]
@@ -198,45 +98,15 @@ impl Store {
         let connector = Connector::new(target)?;
         let conn = connector.shared(target.timeouts)?;
         let open_limit = Arc::new(AtomicU32::new(0));
-        let writers: Vec<AddWriter> = (0..keys.shards())
-            .map(|shard| AddWriter {
-                conn: conn.clone(),
-                wait: target.wait,
-                keys: keys.clone(),
-                dedup: dedup_window,
-                shard,
-                open_limit: open_limit.clone(),
-            })
-            .collect();
-        let limit = crate::config::DEFAULT_MAX_QUEUED_ADDS;
-        // On one Redis, writers in rounds, one per lane of shards; on a
-        // cluster, one writer per shard (see `writer.rs`).
-        let queues = if matches!(conn, Conn::Cluster(_)) {
-            (writers.into_iter())
-                .map(|writer| {
-                    let (tx, rx) = mpsc::unbounded_channel();
-                    tokio::spawn(writer.run(rx));
-                    ShardQueue::new(tx, limit)
-                })
-                .collect()
-        } else {
-            let lanes: Vec<_> = (0..writer::LANES)
-                .map(|_| mpsc::unbounded_channel())
-                .collect();
-            let queues = (0..keys.shards())
-                .map(|shard| {
-                    ShardQueue::new(lanes[usize::from(shard % writer::LANES)].0.clone(), limit)
-                })
-                .collect();
-            let mut lane_writers: Vec<Vec<AddWriter>> = lanes.iter().map(|_| Vec::new()).collect();
-            for one in writers {
-                lane_writers[usize::from(one.shard % writer::LANES)].push(one);
-            }
-            for ((_, rx), writers) in lanes.into_iter().zip(lane_writers) {
-                tokio::spawn(writer::run_rounds(writers, rx));
-            }
-            queues
+        let writer = AddWriter {
+            conn: conn.clone(),
+            wait: target.wait,
+            keys: keys.clone(),
+            dedup: dedup_window,
+            shard: 0,
+            open_limit: open_limit.clone(),
         };
+        let queues = add::start_writers(writer, crate::config::DEFAULT_MAX_QUEUED_ADDS);
         Ok(Store {
             conn,
             connector,

@@ -12,10 +12,10 @@ use std::collections::HashSet;
 
 use futures::future::try_join_all;
 
-use super::add::AddReport;
+use super::AddReport;
 use super::job::{Deadline, Slot, Waiting};
-use super::{Result, Store};
 use crate::batch::{AddOutcome, AddResult, Batch};
+use crate::store::{Result, Store, StoreError};
 
 /// Most rounds of making room before a waiting add is refused.
 pub const ROUNDS: usize = 4;
@@ -72,7 +72,7 @@ impl Store {
                 .filter(|room| named.insert(room.key.as_str()))?;
             Some(async move {
                 let batches = self.flush_overflow(&room.key).await?;
-                Ok::<_, super::StoreError>((at, batches))
+                Ok::<_, StoreError>((at, batches))
             })
         });
         let done = try_join_all(flushes).await?;

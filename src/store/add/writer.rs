@@ -22,14 +22,14 @@ use futures::future::join_all;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
-use super::add_args::AddCall;
-use super::add_reply::{AddReply, ItemReply};
-use super::conn::{Code, Conn, WaitReplicas, run_command};
+use super::args::{AddArgs, AddCall};
 use super::job::{AddJob, NewItem, ShardReply, Slot, Waiting, writer_gone};
-use super::{AddArgs, Result, StoreError};
+use super::reply::{AddReply, ItemReply};
 use crate::batch::{AddOutcome, AddResult, Batch, DecodeError, OpenLimit};
 use crate::keys::Keyspace;
 use crate::scripts::Function;
+use crate::store::conn::{Code, Conn, WaitReplicas, run_command};
+use crate::store::{Result, StoreError};
 
 /// Most items one merged add call takes, so no call holds Redis for
 /// long; a single request's shard part is never split, whatever its size.
@@ -40,7 +40,7 @@ const MERGE_LIMIT: usize = 1000;
 /// The channel itself is unbounded, but every job in it holds permits of
 /// `room` for its items (at least one), so it never holds more than
 /// `limit` items, nor more than `limit` jobs.
-pub(super) struct ShardQueue {
+pub(in crate::store) struct ShardQueue {
     jobs: mpsc::UnboundedSender<AddJob>,
     /// One permit per item the queue may still take; a job gives its
     /// permits back when its writer has answered it.
@@ -63,7 +63,7 @@ impl ShardQueue {
     }
 
     /// The same inbox with room for `limit` items.
-    pub(super) fn resized(&self, limit: NonZeroUsize) -> ShardQueue {
+    pub(in crate::store) fn resized(&self, limit: NonZeroUsize) -> ShardQueue {
         ShardQueue::new(self.jobs.clone(), limit)
     }
 
@@ -91,7 +91,8 @@ impl ShardQueue {
 /// caller was already told it failed. One already sent may still land after
 /// its deadline; that is safe, because adds are idempotent by item id: the
 /// caller's retry is answered DUPLICATE, and the item is in one batch.
-pub(super) struct AddWriter {
+#[derive(Clone)]
+pub(in crate::store) struct AddWriter {
     pub conn: Conn,
     pub wait: Option<WaitReplicas>,
     pub keys: Keyspace,
@@ -335,6 +336,41 @@ async fn answer_call(mut parts: Vec<ShardBatch<'_>>) {
     } else {
         answer_shards(parts).await;
     }
+}
+
+/// Starts the add writers of every shard of `writer.keys` (`writer` is
+/// any one of them: each gets its own shard) and returns each shard's
+/// queue, of `limit` items. On one Redis, writers in rounds, one per lane
+/// of shards; on a cluster, one writer per shard. Each writer's task ends
+/// when the last sender of its queue is dropped.
+pub(in crate::store) fn start_writers(writer: AddWriter, limit: NonZeroUsize) -> Arc<[ShardQueue]> {
+    let shards = writer.keys.shards();
+    let writers = (0..shards).map(|shard| AddWriter {
+        shard,
+        ..writer.clone()
+    });
+    if matches!(writer.conn, Conn::Cluster(_)) {
+        return writers
+            .map(|writer| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(writer.run(rx));
+                ShardQueue::new(tx, limit)
+            })
+            .collect();
+    }
+    let lanes: Vec<_> = (0..LANES).map(|_| mpsc::unbounded_channel()).collect();
+    let lane_of = |shard: u16| usize::from(shard % LANES);
+    let queues = (0..shards)
+        .map(|shard| ShardQueue::new(lanes[lane_of(shard)].0.clone(), limit))
+        .collect();
+    let mut lane_writers: Vec<Vec<AddWriter>> = lanes.iter().map(|_| Vec::new()).collect();
+    for one in writers {
+        lane_writers[lane_of(one.shard)].push(one);
+    }
+    for ((_, rx), writers) in lanes.into_iter().zip(lane_writers) {
+        tokio::spawn(run_rounds(writers, rx));
+    }
+    queues
 }
 
 /// How many round writers share one Redis's shards (shard `s` is in lane

@@ -4,8 +4,8 @@
 
 use redis::{FromRedisValue, ParsingError, Value, from_redis_value};
 
-use super::decode::{ScriptBatch, next_part};
 use crate::scripts::codes::{Limit, Outcome};
+use crate::store::decode::{ScriptBatch, next_part};
 
 /// What the add function did with one item (see `src/lua/add_call.lua`).
 #[derive(Debug, PartialEq, Eq)]

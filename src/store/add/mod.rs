@@ -1,6 +1,32 @@
-//! The add path: [`Store::add`] splits a request per shard and hands each
-//! part to that shard's writer (`writer.rs`), which runs the add function
-//! for whatever parts queued up meanwhile in one call.
+//! The write path, whole: how an add travels from a request to Redis and
+//! back. It is the hot path of the service, and this wing holds all of its
+//! Rust; the Lua it calls is the library's add function
+//! (`src/lua/add_call.lua`, with `add.lua` and `add_ruled.lua`).
+//!
+//! 1. [`Store::add`] (here) splits a request per shard and queues each part
+//!    as an [`AddJob`](job) in that shard's queue (`job`: what a part asks
+//!    of a writer and what it answers, with the call deadline it honours).
+//! 2. A writer (`writer`) takes whatever parts queued up meanwhile and runs
+//!    them in one call of the add function. On one Redis, [`LANES`] writers
+//!    serve the shards in rounds, a round's shards in one `add_shards` call;
+//!    on a cluster, each shard has a writer of its own, so a slow node holds
+//!    up only its shards.
+//! 3. The call's KEYS and ARGV are built in one place, [`AddArgs`]
+//!    (`args`): the header and each distinct policy packed as doubles in the
+//!    orders of [`crate::scripts::codes`], then per group its key and per
+//!    item its id, payload and packed ext (an item's deadline, measures,
+//!    requeue count and trace context; `store::ext`, which the read path
+//!    shares), written straight into the command.
+//! 4. In Redis the function takes each group atomically: checks each id
+//!    against the group and the dedup window, appends, opens the group if
+//!    new, and flushes it into the shard's stream when a threshold is
+//!    reached (the layout: [`crate::scripts::layout`]).
+//! 5. Its reply (`reply`) gives each item its
+//!    [`Outcome`](crate::scripts::codes::Outcome) and size, the batches it
+//!    wrote, and the groups to flush to make room.
+//! 6. An item that waits for room under a limit on open groups (its
+//!    policy flushes the oldest) is settled by `room`: the store flushes
+//!    the group the reply named (reason OVERFLOW) and adds the item again.
 //!
 //! Each shard's queue is bounded in items (`[limits] max_queued_adds`): a
 //! call whose part does not fit fails at once with
@@ -10,14 +36,25 @@
 //! passed while it waited, so it is not written after its caller was told
 //! it failed.
 
+mod args;
+mod job;
+mod reply;
+mod room;
+mod writer;
+
 use std::collections::HashMap;
 
 use futures::future::try_join_all;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::job::{AddJob, Deadline, NewItem, ShardReply, Slot, writer_gone};
+use self::job::{AddJob, ShardReply, Slot, writer_gone};
 use super::{Result, Store, StoreError};
 use crate::batch::{AddResult, DecodeError};
+
+pub use self::args::AddArgs;
+pub use self::job::{Deadline, NewItem};
+pub use self::writer::LANES;
+pub(super) use self::writer::{AddWriter, ShardQueue, start_writers};
 
 /// The results of a set of adds, and the deadlines the adds opened.
 #[derive(Debug, Default)]
@@ -56,7 +93,7 @@ impl Store {
 
     /// One round of add calls for `items`: one result slot per item, in
     /// order, and the earliest due time opened per shard.
-    pub(super) async fn add_round(
+    async fn add_round(
         &self,
         items: Vec<NewItem>,
         deadline: Option<Deadline>,

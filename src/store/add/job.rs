@@ -8,10 +8,10 @@ use redis::{ErrorKind, RedisError};
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::time::Instant;
 
-use super::add_reply::Room;
-use super::{Result, StoreError};
+use super::reply::Room;
 use crate::batch::{AddResult, Batch, Item, OpenLimit};
 use crate::policy::Policy;
+use crate::store::{Result, StoreError};
 
 /// One item to add, with the policy of its key resolved.
 #[derive(Clone, Debug)]

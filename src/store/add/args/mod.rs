@@ -12,11 +12,11 @@ mod call;
 
 pub use self::call::AddCall;
 
-use super::ext;
 use crate::batch::Item;
 use crate::keys::Keyspace;
 use crate::policy::Policy;
 use crate::scripts::codes::{PolicySlot, overflow_code};
+use crate::store::ext;
 
 /// The KEYS and ARGV of one call of the library's add function
 /// (`src/lua/add_call.lua` documents them) for one shard:
