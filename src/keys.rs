@@ -118,6 +118,14 @@ impl Keyspace {
         format!("{{{}}}:consumer-groups", self.prefix)
     }
 
+    /// Hash of consumer group name -> how many times a draining instance has
+    /// released batches its consumers held, so that the group's consumers
+    /// elsewhere claim them without waiting for the ack timeout. Read and
+    /// written by plain commands only.
+    pub fn released(&self) -> String {
+        format!("{{{}}}:released", self.prefix)
+    }
+
     /// Sorted set of a consumer group's dead-lettered stream entries in a shard.
     pub fn dead_letters(&self, shard: u16, group: &str) -> String {
         format!("{}:dead:{group}", self.tag(shard))

@@ -4,8 +4,8 @@
 //! Redis `TIME`).
 //! It is loaded once per node with `FUNCTION LOAD` and called with `FCALL`,
 //! so a call runs only its function, not a script body that makes its
-//! helpers anew. The durable subscriptions' three scripts (claim, ack,
-//! redrive) touch no group and run by `EVALSHA`.
+//! helpers anew. The durable subscriptions' four scripts (claim, release,
+//! ack, redrive) touch no group and run by `EVALSHA`.
 //!
 //! The library is named by a hash of its code (`batcher_<hash>`), and so
 //! are its functions, so that two versions of the service on one Redis
@@ -126,6 +126,10 @@ pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
 /// Redelivers a consumer group's timed-out batches, or dead-letters them.
 pub static CLAIM_BATCHES: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/claim_batches.lua")));
+
+/// Releases the batches a draining consumer holds, for its group's others.
+pub static RELEASE_BATCHES: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/release_batches.lua")));
 
 /// Acknowledges batches for a consumer group.
 pub static ACK_BATCHES: LazyLock<Script> =

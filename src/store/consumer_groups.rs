@@ -137,6 +137,45 @@ impl Store {
             .collect()
     }
 
+    /// Releases the batches `consumer` holds unacked in every shard, so that
+    /// the group's other consumers take them over at their next claim
+    /// (`release_batches.lua`), then counts the release in the group's
+    /// entry of the released hash, which those consumers watch. Returns how
+    /// many batches were released.
+    pub async fn release(&self, group: &str, consumer: &str) -> Result<usize> {
+        let releases = (0..self.keys.shards()).map(|shard| async move {
+            let stream = self.keys.shard(shard).stream;
+            self.run_script::<usize>(
+                Code::Script(&scripts::RELEASE_BATCHES),
+                &[&stream],
+                vec![
+                    group.as_bytes().to_vec(),
+                    consumer.as_bytes().to_vec(),
+                    RELEASE_AT_MOST.to_string().into_bytes(),
+                ],
+            )
+            .await
+        });
+        let released: usize = try_join_all(releases).await?.into_iter().sum();
+        if released > 0 {
+            let mut conn = self.conn.clone();
+            conn.hincr(self.keys.released(), group, 1).await?;
+        }
+        Ok(released)
+    }
+
+    /// How many times batches of `group` have been released (see
+    /// [`Store::release`]); None before the first time.
+    pub async fn releases(&self, group: &str) -> Result<Option<u64>> {
+        let mut conn = self.conn.clone();
+        let count: Option<u64> = redis::cmd("HGET")
+            .arg(self.keys.released())
+            .arg(group)
+            .query_async(&mut conn)
+            .await?;
+        Ok(count)
+    }
+
     /// Acks stream entries for a group (batches a consumer group skips).
     pub async fn ack_entries(&self, shard: u16, group: &str, ids: &[StreamId]) -> Result<()> {
         if ids.is_empty() {
@@ -263,6 +302,10 @@ impl Store {
         }
     }
 }
+
+/// The most batches one release takes from a consumer in one shard: far
+/// more than a consumer holds (its `max_unacked`, at most a little over).
+const RELEASE_AT_MOST: usize = 100_000;
 
 /// A place in the listing of a group's dead letters: a shard and a stream
 /// entry id. Pages run in (entry id, shard) order.

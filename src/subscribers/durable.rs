@@ -9,6 +9,12 @@
 //! again only when that bound reaches the limit and something may have freed
 //! a slot: an ack on this instance (the `Releases` signal), a takeover by a
 //! consumer of this instance, or the poll bound (acks through other instances).
+//!
+//! When an instance drains, each of its consumers releases what it holds
+//! (`Store::release`) before its stream ends, and the group's count of
+//! releases goes up; every consumer reads that count at the poll bound and
+//! claims at once when it has changed, so released batches move to another
+//! instance within about one poll, not after `ack_timeout`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -109,6 +115,10 @@ impl DurableSubscriber {
         // A reconnecting consumer first gets back what it held unacked.
         let mut own_first = true;
         let mut next_claim = Instant::now();
+        // How often a draining instance has released the group's batches,
+        // as last read: a change calls for a claim now (see `Store::release`).
+        let mut releases = None;
+        let mut next_releases_check = Instant::now();
         // Unknown at first: counted before the first read.
         let mut progress = Progress {
             dirty: vec![true; usize::from(self.store.keyspace().shards())],
@@ -135,6 +145,25 @@ impl DurableSubscriber {
                 && !self.count(&mut progress, &shutdown).await
             {
                 return;
+            }
+            if !own_first && Instant::now() >= next_releases_check {
+                next_releases_check = Instant::now() + POLL;
+                let read = self.store.releases(&self.durable.group);
+                let read = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = self.tx.closed() => return,
+                    read = read => read,
+                };
+                match read {
+                    Ok(now) if now != releases => {
+                        releases = now;
+                        next_claim = Instant::now();
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        tracing::warn!(group = %self.durable.group, %err, "durable subscriber could not read the group's releases; retrying");
+                    }
+                }
             }
             let room = queue_room.min(limit.saturating_sub(progress.held));
             let claim_due = own_first || Instant::now() >= next_claim;
@@ -163,7 +192,8 @@ impl DurableSubscriber {
             // Nothing to read, or no room: wait for a tail to announce a
             // batch, a release, the next claim, or the poll bound.
             let full = progress.held >= limit;
-            let waited = self.wait(&mut live, &mut released, full, &mut progress, next_claim);
+            let wake = next_claim.min(next_releases_check);
+            let waited = self.wait(&mut live, &mut released, full, &mut progress, wake);
             if !tokio::select! {
                 _ = shutdown.cancelled() => false,
                 _ = self.tx.closed() => false,
@@ -197,7 +227,7 @@ impl DurableSubscriber {
         true
     }
 
-    /// Waits until `next_claim` or the poll bound, until a tail announces a
+    /// Waits until `next_claim` (or the next look at the group's releases) or the poll bound, until a tail announces a
     /// batch, or (when `full`) until the group releases batches, and marks
     /// the shards of every announcement queued by then as dirty (all of them
     /// if some were missed, or at the poll bound). Returns false when the
