@@ -10,7 +10,7 @@
 //! - `keys`: Redis key names, shards and hash tags (spread over the cluster
 //!   slots); the only place that formats them.
 //! - `scripts`: the Lua: the library of Redis Functions that alone knows a
-//!   group's layout (format 4), and the durable subscriptions' three scripts.
+//!   group's layout (format 4), and the durable subscriptions' four scripts.
 //! - `batch`: items, batches and groups, the domain types, and the table of flush reasons.
 //! - `store`: every script call and every Redis read and write, on one Redis or
 //!   a Redis Cluster (with `WAIT` for replicas when asked), including the
@@ -47,7 +47,10 @@
 //! - `telemetry`: OpenTelemetry traces over OTLP, on with the `OTEL_*`
 //!   environment: add spans from a `traceparent`, whose contexts items keep
 //!   in their ext, and each batch's flush span linking to them.
-//! - `server`: wires it all together and serves until shutdown.
+//! - `drain`: what a stop goes through (readiness false, a delay, calls
+//!   refused, streams ended, durable deliveries released), in order and
+//!   timed, and the health watcher behind gRPC health and `GET /readyz`.
+//! - `server`: wires it all together and serves until the drain is over.
 //! - `cli`: the operator CLI (`batcher add`, `tail`, `list`, ...): a gRPC
 //!   client of the service, printing tables or JSON lines.
 
@@ -55,6 +58,7 @@ pub mod auth;
 pub mod batch;
 pub mod cli;
 pub mod config;
+pub mod drain;
 pub mod embedded;
 pub mod error;
 pub mod gauges;

@@ -1,16 +1,17 @@
 //! Wires the parts together and serves gRPC (and the HTTP listener) until shutdown.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use futures::future::Either;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::server::{Router, TcpIncoming};
+use tonic::transport::server::Router;
 
 use crate::auth::{self, Auth};
 use crate::config::{Config, ConfigError};
+use crate::drain::{
+    Drain, DrainTiming, Health, Listening, Readiness, serve_until, stop_background,
+};
 use crate::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedRedis};
 use crate::keys::Keyspace;
 use crate::pb::batcher_server::BatcherServer;
@@ -21,11 +22,6 @@ use crate::store::{Endpoint, Password, RedisTarget, Store, StoreError, Timeouts,
 use crate::subscribers::Hub;
 use crate::tls::{self, Tls, TlsError};
 use crate::{gauges, metrics, pb, sweeper};
-
-/// How often the health service re-checks Redis.
-const HEALTH_EVERY: Duration = Duration::from_secs(1);
-/// How often it re-checks while Redis does not answer.
-const HEALTH_RETRY: Duration = Duration::from_millis(100);
 
 /// The tokio runtime the service runs on: `worker_threads` workers
 /// (`Config::worker_threads`: one for a single Redis, one per core for a
@@ -90,6 +86,8 @@ struct Edge {
 /// Serves the batcher API on `listener` until `shutdown` is cancelled, and
 /// `GET /metrics` and the web view on `http` (the listener of `[http]`,
 /// which the caller binds, as with `crate::http::bind`; None serves no HTTP).
+/// The cancellation drains the service without `drain_delay` (see
+/// [`run_draining`]).
 ///
 /// With no Redis URL in `config`, it first starts its own `redis-server`
 /// (see `embedded`) and stops it on the way out. `reload_from` names the
@@ -100,6 +98,18 @@ pub async fn run(
     config: Config,
     reload_from: Option<PathBuf>,
     shutdown: CancellationToken,
+) -> Result<(), ServerError> {
+    run_draining(listener, http, config, reload_from, Drain::on(shutdown)).await
+}
+
+/// [`run`], until `drain` has been gone through (see `crate::drain`): the
+/// binary begins it on the first SIGTERM or SIGINT and aborts it on a second.
+pub async fn run_draining(
+    listener: TcpListener,
+    http: Option<TcpListener>,
+    config: Config,
+    reload_from: Option<PathBuf>,
+    drain: Drain,
 ) -> Result<(), ServerError> {
     // A bad [tls] file stops the start before anything else is started.
     let edge = Edge {
@@ -125,16 +135,7 @@ pub async fn run(
         (None, Some(embedded)) => Endpoint::Single(embedded.url().to_owned()),
         (None, None) => Endpoint::Cluster(config.redis.cluster_nodes.clone()),
     };
-    let result = serve(
-        listener,
-        http,
-        &config,
-        endpoint,
-        edge,
-        reload_from,
-        shutdown,
-    )
-    .await;
+    let result = serve(listener, http, &config, endpoint, edge, reload_from, drain).await;
     if let Some(embedded) = embedded {
         embedded.stop().await;
     }
@@ -142,8 +143,7 @@ pub async fn run(
 }
 
 /// Serves with Redis at `endpoint`: starts the background tasks, serves gRPC
-/// (and HTTP) until `shutdown`, then stops the background tasks within the
-/// grace period.
+/// (and HTTP) until `drain` is over, then stops the background tasks.
 async fn serve(
     listener: TcpListener,
     http: Option<TcpListener>,
@@ -151,31 +151,63 @@ async fn serve(
     endpoint: Endpoint,
     edge: Edge,
     reload_from: Option<PathBuf>,
-    shutdown: CancellationToken,
+    drain: Drain,
 ) -> Result<(), ServerError> {
     let store = open_store(config, endpoint).await?;
-    // Background tasks stop on `tasks`, which is cancelled after the gRPC
-    // server has stopped taking requests.
+    // The drain's second step: calls are refused, subscriptions end and the
+    // sweeper stops after its pass.
+    let closing = CancellationToken::new();
+    // The other background tasks stop on `tasks`, cancelled once the gRPC
+    // server has answered every call (or the drain was cut short).
     let tasks = CancellationToken::new();
     let tracker = TaskTracker::new();
-    let service = start_service(store.clone(), config, reload_from, &edge, &tracker, &tasks);
+    let readiness = Readiness::new();
+    let started = StartedTasks {
+        tracker: &tracker,
+        tasks: &tasks,
+        closing: &closing,
+    };
+    let service = start_service(store.clone(), config, reload_from, &edge, &started);
     let web_api = crate::http::Api {
         service: service.clone(),
         auth: edge.auth.clone(),
         deadline: config.redis.response_timeout,
         shutdown: tasks.clone(),
+        readiness: readiness.clone(),
     };
-    let router = routes(service, store.clone(), &edge.auth, config, &tracker, &tasks)?;
+    let health = Health {
+        store: store.clone(),
+        readiness,
+        drain: drain.clone(),
+    };
+    let router = routes(service, health, &edge.auth, config, &started)?;
     if let Some(http) = http {
         let routes = crate::http::routes(web_api);
         tracker.spawn(crate::http::serve(http, routes, tasks.clone()));
         tracker.spawn(gauges::refresh(store, tasks.clone()));
     }
-    let grace = config.shutdown_grace;
-    let served = serve_until(router, listener, edge.tls, &shutdown, &tasks, grace).await;
-    stop_background(tasks, tracker, config.shutdown_grace).await;
+    let timing = DrainTiming {
+        delay: drain.delay(config.drain_delay),
+        timeout: config.drain_timeout,
+    };
+    let listening = Listening {
+        router,
+        listener,
+        tls: edge.tls,
+    };
+    let (served, left) = serve_until(listening, &drain, timing, &closing).await;
+    stop_background(tasks, tracker, left).await;
     served?;
     Ok(())
+}
+
+/// The tokens and tracker the background tasks are started with.
+struct StartedTasks<'a> {
+    tracker: &'a TaskTracker,
+    /// Ends them after the gRPC server.
+    tasks: &'a CancellationToken,
+    /// Ends the sweeper and the subscriptions when the drain refuses calls.
+    closing: &'a CancellationToken,
 }
 
 /// Opens the store at `endpoint`. Redis need not answer yet: until it does,
@@ -296,23 +328,25 @@ fn start_service(
     config: &Config,
     reload_from: Option<PathBuf>,
     edge: &Edge,
-    tracker: &TaskTracker,
-    tasks: &CancellationToken,
+    started: &StartedTasks<'_>,
 ) -> BatcherService {
+    let (tracker, tasks) = (started.tracker, started.tasks);
     let policies = store.policies().clone();
+    // The sweeper stops after its pass when the drain refuses calls: an
+    // instance that is going away leaves the due groups to the others.
     let sweeper = sweeper::spawn(
         store.clone(),
         config.sweeper,
         config.subscriptions.retention,
         config.subscriptions.trim_every,
         tracker,
-        tasks.clone(),
+        started.closing.clone(),
     );
     let hub = Hub::start(
         store.clone(),
         config.subscriptions.buffer.get(),
         tracker,
-        tasks.clone(),
+        started.closing.clone(),
     );
     // With the policy store on, the file's tables only seed an empty store,
     // and SIGHUP leaves the policies alone.
@@ -347,18 +381,19 @@ fn start_service(
 
 /// The gRPC routes: health (kept up to date by a task on `tracker`), server
 /// reflection, and the batcher API, which alone needs a token, with one
-/// deadline per call and the request size limit.
+/// deadline per call and the request size limit, refused once the drain
+/// closes.
 fn routes(
     service: BatcherService,
-    store: Store,
+    health: Health,
     auth: &Auth,
     config: &Config,
-    tracker: &TaskTracker,
-    tasks: &CancellationToken,
+    started: &StartedTasks<'_>,
 ) -> Result<Router, tonic_reflection::server::Error> {
-    let (health, health_service) = tonic_health::server::health_reporter();
+    let (reporter, health_service) = tonic_health::server::health_reporter();
     let deadline = config.redis.response_timeout;
-    tracker.spawn(watch_health(store, health, deadline, tasks.clone()));
+    let watch = health.watch(reporter, deadline, started.tasks.clone());
+    started.tracker.spawn(watch);
     // Both reflection versions: v1alpha is what many grpcurl builds and
     // other tools still ask for.
     let reflection = || {
@@ -368,108 +403,14 @@ fn routes(
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
+    let batcher = BatcherServer::new(service)
+        .max_decoding_message_size(config.limits.max_message_bytes.as_u64() as usize);
+    let batcher = Deadlines::new(batcher, deadline).refusing_after(started.closing.clone());
     Ok(tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(metrics::Requests::new(
-            auth.guard(Deadlines::new(
-                BatcherServer::new(service)
-                    .max_decoding_message_size(config.limits.max_message_bytes.as_u64() as usize),
-                deadline,
-            )),
-        )))
-}
-
-/// Serves `router` on `listener` (over TLS with `tls`) until `shutdown`. When shutdown starts it
-/// cancels `tasks`, which ends the subscription streams; clients that still
-/// hold a connection after `grace` are cut off.
-async fn serve_until(
-    router: Router,
-    listener: TcpListener,
-    tls: Option<Tls>,
-    shutdown: &CancellationToken,
-    tasks: &CancellationToken,
-    grace: Duration,
-) -> Result<(), tonic::transport::Error> {
-    let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
-    tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), worker_threads, "serving");
-    // Subscriptions are long-lived streams: end them when shutdown starts so
-    // the server's graceful stop does not wait on them.
-    let stop_streams = {
-        let tasks = tasks.clone();
-        let shutdown = shutdown.clone();
-        async move {
-            shutdown.cancelled().await;
-            tasks.cancel();
-        }
-    };
-    let server = match tls {
-        Some(tls) => {
-            Either::Left(router.serve_with_incoming_shutdown(tls.incoming(listener), stop_streams))
-        }
-        // No Nagle: a small reply must not wait for the peer's delayed ACK.
-        None => Either::Right(router.serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stop_streams,
-        )),
-    };
-    // Graceful shutdown waits for clients to hang up; one that never does
-    // must not hold the process past the grace period.
-    let deadline = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(grace).await;
-    };
-    tokio::select! {
-        served = server => served,
-        _ = deadline => {
-            tracing::warn!(?grace, "clients still connected after the grace period; closing them");
-            Ok(())
-        }
-    }
-}
-
-/// Cancels the background tasks and waits up to `grace` for them to end.
-async fn stop_background(tasks: CancellationToken, tracker: TaskTracker, grace: Duration) {
-    tasks.cancel();
-    tracker.close();
-    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
-        tracing::warn!("background tasks did not stop within the grace period");
-    }
-}
-
-/// Reports SERVING while Redis answers and NOT_SERVING while it does not,
-/// or not within `deadline` (a hung Redis). While it does not, it asks
-/// again every [`HEALTH_RETRY`], so SERVING returns soon after Redis does.
-async fn watch_health(
-    store: Store,
-    reporter: tonic_health::server::HealthReporter,
-    deadline: Duration,
-    shutdown: CancellationToken,
-) {
-    const SERVICE: &str = "batcher.v1.Batcher";
-    let mut serving = None;
-    while !shutdown.is_cancelled() {
-        let ok = matches!(
-            tokio::time::timeout(deadline, store.ping()).await,
-            Ok(Ok(()))
-        );
-        if serving != Some(ok) {
-            let status = if ok {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            reporter.set_service_status(SERVICE, status).await;
-            reporter.set_service_status("", status).await;
-            serving = Some(ok);
-        }
-        let pause = if ok { HEALTH_EVERY } else { HEALTH_RETRY };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(pause) => {}
-        }
-    }
+        .add_service(metrics::Requests::new(auth.guard(batcher))))
 }
 
 /// Re-reads the config file on SIGHUP and swaps in its policies, TLS

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use batcher::config::{Config, LogFormat};
+use batcher::drain::Drain;
 use batcher::telemetry::Telemetry;
 use clap::{Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry;
 
@@ -131,10 +131,10 @@ async fn serve(
             return ExitCode::FAILURE;
         }
     };
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
-    let grace = config.shutdown_grace;
-    let served = batcher::server::run(listener, http, config, path, shutdown).await;
+    let drain = Drain::new();
+    tokio::spawn(drain_on_signals(drain.clone()));
+    let grace = config.drain_timeout;
+    let served = batcher::server::run_draining(listener, http, config, path, drain).await;
     if let Some(telemetry) = telemetry {
         telemetry.shutdown(grace).await;
     }
@@ -177,14 +177,22 @@ fn init_logs(format: LogFormat, telemetry: Option<&Telemetry>) {
     }
 }
 
-/// Cancels `shutdown` on SIGINT or SIGTERM.
-async fn stop_on_signal(shutdown: CancellationToken) {
+/// Begins the drain on the first SIGTERM or SIGINT, and ends it at once on
+/// a second.
+async fn drain_on_signals(drain: Drain) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
-    shutdown.cancel();
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    let mut next = async || {
+        tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        }
+    };
+    let first = next().await;
+    tracing::info!(signal = first, "draining; a second signal stops at once");
+    drain.begin();
+    let second = next().await;
+    tracing::warn!(signal = second, "a second signal: stopping at once");
+    drain.abort();
 }

@@ -133,8 +133,17 @@ pub const DEFAULT_MAX_DELIVERIES: NonZeroU32 = nz32(5);
 pub const DEFAULT_TRIM_EVERY: Duration = Duration::from_secs(60);
 /// Default `[subscriptions] buffer`.
 pub const DEFAULT_SUBSCRIPTIONS_BUFFER: NonZeroUsize = nzsize(1024);
-/// Default `shutdown_grace`.
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Default `drain_delay`: longer than a load balancer's or a Kubernetes
+/// readiness probe's period (10 s by default in Kubernetes, though 1 to 5 s
+/// is common for services that drain), so that the probe sees NOT_SERVING
+/// and takes the instance out of rotation before it refuses calls. Set it
+/// to the probe's `periodSeconds` times its `failureThreshold`, plus the
+/// time the load balancer takes to act on it.
+pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
+/// Default `drain_timeout`: the most the end of a drain (calls in flight
+/// answered, streams ended, deliveries released, background tasks stopped)
+/// may take before it is cut short.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most `worker_threads` the service may ask for.
 pub const MAX_WORKER_THREADS: usize = 256;
 
@@ -196,10 +205,18 @@ pub struct Config {
     pub sweeper: SweeperConfig,
     /// Delivery of flushed batches to subscribers.
     pub subscriptions: SubscriptionsConfig,
-    /// How long a shutdown waits for in-flight requests and subscribers to
-    /// drain before it cuts them off.
+    /// How long the service serves on after SIGTERM (or SIGINT) with its
+    /// health NOT_SERVING and `/readyz` 503, so that load balancers move
+    /// traffic away before it refuses calls (see [`DEFAULT_DRAIN_DELAY`]).
     #[serde(with = "humantime_serde")]
-    pub shutdown_grace: Duration,
+    pub drain_delay: Duration,
+    /// Once the delay is over, the most the rest of the drain may take:
+    /// calls in flight answered, subscription streams ended, durable
+    /// deliveries released, the sweeper's pass and the other background
+    /// tasks. When it is up (or at a second signal) the service stops at
+    /// once. `shutdown_grace`, its former name, is still read.
+    #[serde(with = "humantime_serde", alias = "shutdown_grace")]
+    pub drain_timeout: Duration,
     /// TLS on the gRPC port; plaintext without this table.
     pub tls: Option<TlsConfig>,
     /// Bearer tokens with roles and key scopes; auth is off without this table.
@@ -224,7 +241,8 @@ impl Default for Config {
             dedup: DedupConfig::default(),
             sweeper: SweeperConfig::default(),
             subscriptions: SubscriptionsConfig::default(),
-            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            drain_delay: DEFAULT_DRAIN_DELAY,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             tls: None,
             auth: None,
             http: HttpConfig::default(),

@@ -72,7 +72,8 @@ fn example_parses() {
     assert_eq!(p.resolve("east"), policy(10, "4m", None));
     // Everything not in the file is at its default.
     assert_eq!(c.limits, Limits::default());
-    assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+    assert_eq!(c.drain_delay, DEFAULT_DRAIN_DELAY);
+    assert_eq!(c.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
     assert_eq!(c.worker_threads, None);
 }
 
@@ -139,7 +140,8 @@ fn empty_is_default() {
 fn all_fields_parse() {
     let c = parse(
         r#"
-shutdown_grace = "3s"
+drain_delay = "2s"
+drain_timeout = "3s"
 [redis]
 redis_server = "/opt/redis/bin/redis-server"
 appendfsync = "everysec"
@@ -168,7 +170,8 @@ trim_every = "10s"
 "#,
     )
     .unwrap();
-    assert_eq!(c.shutdown_grace, Duration::from_secs(3));
+    assert_eq!(c.drain_delay, Duration::from_secs(2));
+    assert_eq!(c.drain_timeout, Duration::from_secs(3));
     assert_eq!(
         c.redis.redis_server,
         PathBuf::from("/opt/redis/bin/redis-server")
@@ -350,8 +353,8 @@ fn bad_duration() {
             "batcher.toml: [defaults] max_wait: must be greater than 0 and at most 30days",
         ),
         (
-            "shutdown_grace = \"soon\"\n",
-            "batcher.toml: [top level] shutdown_grace: invalid value: string \"soon\"",
+            "drain_delay = \"soon\"\n",
+            "batcher.toml: [top level] drain_delay: invalid value: string \"soon\"",
         ),
     ] {
         let msg = err(text);
@@ -361,6 +364,16 @@ fn bad_duration() {
         );
         assert!(!msg.contains('\n'), "{msg}");
     }
+}
+
+/// `shutdown_grace`, the former name of `drain_timeout`, is still read as
+/// it, and a file may not give both.
+#[test]
+fn shutdown_grace_is_drain_timeout() {
+    let c = parse("shutdown_grace = \"7s\"\n").unwrap();
+    assert_eq!(c.drain_timeout, Duration::from_secs(7));
+    let msg = err("shutdown_grace = \"1s\"\ndrain_timeout = \"2s\"\n");
+    assert!(msg.contains("duplicate field `drain_timeout`"), "{msg}");
 }
 
 /// Byte sizes accept integers and the documented unit strings.

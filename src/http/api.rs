@@ -71,6 +71,8 @@ pub struct Api {
     /// Cancelled at shutdown: the event streams end, so the listener's
     /// graceful stop does not wait on them.
     pub shutdown: CancellationToken,
+    /// What `GET /readyz` reports.
+    pub readiness: crate::drain::Readiness,
 }
 
 /// The header of a `GET /api/groups` reply that holds the service's clock

@@ -1,5 +1,8 @@
 //! The HTTP listener (`[http]`), one axum [`Router`]:
 //! - `GET /metrics`: the Prometheus text format (no token needed);
+//! - `GET /readyz`: 200 while this instance should get traffic (Redis
+//!   answers, no drain has begun), else 503, as gRPC health reports it;
+//!   `GET /livez`: 200 while the process serves (no token needed);
 //! - `GET /` (with `/app.js` and `/style.css`): the live web view (`web`),
 //!   served to anyone, since it holds no data;
 //! - `GET /api/groups` and `GET /api/batches` (Server-Sent Events): the
@@ -19,6 +22,8 @@ use std::net::SocketAddr;
 use std::io;
 
 use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -43,6 +48,8 @@ pub async fn bind(config: &HttpConfig) -> io::Result<Option<TcpListener>> {
 pub fn routes(api: Api) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
+        .route("/readyz", get(readyz))
+        .route("/livez", get(livez))
         .route("/api/groups", get(api::groups))
         .route("/api/batches", get(api::batches))
         .route("/api/policies", get(policies::list))
@@ -71,6 +78,20 @@ pub async fn serve(listener: TcpListener, routes: Router, shutdown: Cancellation
     if let Err(err) = served {
         tracing::error!(%err, "http listener failed; /metrics and the web view are down");
     }
+}
+
+/// `GET /readyz`: 200 `ready`, or 503 `not ready` (Redis does not answer,
+/// or the instance drains).
+async fn readyz(State(api): State<Api>) -> impl IntoResponse {
+    match api.readiness.is_ready() {
+        true => (StatusCode::OK, "ready\n"),
+        false => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+    }
+}
+
+/// `GET /livez`: 200 while the process serves HTTP, drain or not.
+async fn livez() -> &'static str {
+    "live\n"
 }
 
 /// `GET /metrics`.

@@ -9,6 +9,9 @@
 //! shard's queue to Redis. For Subscribe it covers joining the consumer group
 //! and finding the start position, not the stream that follows.
 //!
+//! Once a drain refuses calls, it answers each UNAVAILABLE (`SHUTTING_DOWN`)
+//! without calling the service.
+//!
 //! It also gives tonic's refusal of a request over `[limits]
 //! max_message_bytes` (OUT_OF_RANGE, without details) the code gRPC uses
 //! for it elsewhere, RESOURCE_EXHAUSTED, with an `ErrorInfo`.
@@ -19,6 +22,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::{Code, Status};
@@ -38,12 +42,25 @@ pub struct Deadlines<S> {
     inner: S,
     /// The configured deadline; a client may only shorten it.
     limit: Duration,
+    /// Cancelled when the drain refuses calls (see `crate::drain`): a call
+    /// that arrives then, on a connection the GOAWAY has not reached yet,
+    /// is refused UNAVAILABLE, which clients retry on another instance.
+    refusing: CancellationToken,
 }
 
 impl<S> Deadlines<S> {
     /// Wraps `inner`, giving each call at most `limit`.
     pub fn new(inner: S, limit: Duration) -> Deadlines<S> {
-        Deadlines { inner, limit }
+        Deadlines {
+            inner,
+            limit,
+            refusing: CancellationToken::new(),
+        }
+    }
+
+    /// Refuses every call UNAVAILABLE once `refusing` is cancelled.
+    pub fn refusing_after(self, refusing: CancellationToken) -> Deadlines<S> {
+        Deadlines { refusing, ..self }
     }
 }
 
@@ -67,6 +84,14 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Reply {
+        if self.refusing.is_cancelled() {
+            let refused = Error::refused(
+                Code::Unavailable,
+                "SHUTTING_DOWN",
+                "this instance is shutting down; retry on another instance",
+            );
+            return Box::pin(std::future::ready(Ok(Status::from(refused).into_http())));
+        }
         let limit = match request.uri().path().ends_with("/ImportPolicies") {
             true => self.limit.max(IMPORT_LIMIT),
             false => self.limit,

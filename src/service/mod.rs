@@ -64,6 +64,20 @@ pub struct BatcherService {
     policy_store: Option<PolicyStore>,
 }
 
+/// The status that ends a subscription stream: UNAVAILABLE, saying how to
+/// go on elsewhere.
+fn stream_ended(durable: bool) -> Status {
+    let how = match durable {
+        true => {
+            "subscribe again (on another instance) as the same consumer: the batches it held unacked were released to its group"
+        }
+        false => {
+            "subscribe again (on another instance) with `after` set to the cursor of the last batch received, to resume where it stopped"
+        }
+    };
+    Status::unavailable(format!("this instance is shutting down; {how}"))
+}
+
 /// Longest consumer group or consumer name.
 pub const MAX_NAME_BYTES: usize = 64;
 
@@ -382,7 +396,8 @@ impl pb::batcher_server::Batcher for BatcherService {
         };
         caller.check_filter(&filter)?;
         let slot = self.subscriber_slot()?;
-        let deliveries = if !req.consumer_group.is_empty() || !req.consumer.is_empty() {
+        let durable = !req.consumer_group.is_empty() || !req.consumer.is_empty();
+        let deliveries = if durable {
             let filter = self.join_group(&req, filter, &caller).await?;
             let durable = Durable {
                 group: req.consumer_group,
@@ -414,10 +429,20 @@ impl pb::batcher_server::Batcher for BatcherService {
             self.hub.subscribe(from, caller.narrow(filter))
         };
         // The stream holds the slot: it frees when the stream is dropped.
-        let stream = ReceiverStream::new(deliveries).map(move |d: Delivery| {
-            let _slot = &slot;
-            Ok(batch_to_pb(&d.batch, d.cursor, d.delivery_count))
-        });
+        let hub = self.hub.clone();
+        let stream = ReceiverStream::new(deliveries)
+            // Once the drain has begun, what is still queued is not sent: a
+            // live subscriber resumes from its last cursor, and a durable
+            // consumer's batches are released to the group (the queue ends
+            // once they are).
+            .filter(move |_| !hub.is_closing())
+            .map(move |d: Delivery| {
+                let _slot = &slot;
+                Ok(batch_to_pb(&d.batch, d.cursor, d.delivery_count))
+            })
+            // The service ends a subscription only when it drains (or its
+            // subscriber task failed): a status the client retries elsewhere.
+            .chain(tokio_stream::once(Err(stream_ended(durable))));
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -263,9 +263,14 @@ impl Hub {
 
     /// Starts a durable subscription through a consumer group (which must
     /// exist); batches arrive on the receiver and stay pending until acked.
+    /// When the service drains, the batches the consumer holds unacked are
+    /// released to the group's other consumers before the receiver ends.
     pub fn subscribe_durable(&self, durable: Durable, filter: Filter) -> mpsc::Receiver<Delivery> {
         let (tx, rx) = mpsc::channel(self.buffer);
         let released = self.releases.watch(&durable.group);
+        let (group, consumer) = (durable.group.clone(), durable.consumer.clone());
+        // Held until the release is done, so the stream ends after it.
+        let hold = tx.clone();
         let subscriber = DurableSubscriber {
             store: self.store.clone(),
             durable,
@@ -273,9 +278,22 @@ impl Hub {
             tx,
             releases: self.releases.clone(),
         };
-        let task = subscriber.run(self.live.subscribe(), released, self.shutdown.clone());
+        let (store, shutdown) = (self.store.clone(), self.shutdown.clone());
+        let run = subscriber.run(self.live.subscribe(), released, shutdown.clone());
+        let task = async move {
+            run.await;
+            if shutdown.is_cancelled() && !hold.is_closed() {
+                release(&store, &group, &consumer).await;
+            }
+            drop(hold);
+        };
         self.spawn_subscriber(SubscriberMode::Durable, task);
         rx
+    }
+
+    /// Whether the service is draining: subscriptions end, and no new one starts.
+    pub fn is_closing(&self) -> bool {
+        self.shutdown.is_cancelled()
     }
 
     /// Spawns a subscriber's task, counted among the tails' listeners from
@@ -296,6 +314,28 @@ impl Hub {
     /// were acked, so those at their prefetch limit count what they hold.
     pub fn acked(&self, group: &str) {
         self.releases.release(group);
+    }
+}
+
+/// Releases what `consumer` of `group` holds, and logs how many and how
+/// long it took; a failure is logged too (the batches then wait for the
+/// ack timeout, as after a crash).
+async fn release(store: &Store, group: &str, consumer: &str) {
+    let started = std::time::Instant::now();
+    match store.release(group, consumer).await {
+        Ok(released) => tracing::info!(
+            group,
+            consumer,
+            released,
+            took = ?started.elapsed(),
+            "drain: released the batches a durable consumer held"
+        ),
+        Err(err) => tracing::warn!(
+            group,
+            consumer,
+            %err,
+            "drain: could not release the batches a durable consumer held; they wait for the ack timeout"
+        ),
     }
 }
 

@@ -22,6 +22,7 @@ mod cluster_faults;
 mod cutoffs;
 mod deadlines;
 mod docs;
+mod drain;
 mod durable;
 mod flush_cut;
 mod format;

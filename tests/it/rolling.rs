@@ -1,8 +1,11 @@
 //! A rolling upgrade, as docs/operations.md ("Rolling them") describes it:
 //! three instances on one Redis, each in turn stopped with SIGTERM and
-//! started again, twice around, under load from producers that repeat an
-//! unanswered add on another instance, and with a live subscriber that
-//! resumes by cursor on another instance when its own stops.
+//! started again, twice around, under load from producers behind a load
+//! balancer that follows the instances' health, as a Kubernetes Service
+//! follows readiness. The producers retry only UNAVAILABLE, on another
+//! instance, and the live subscriber resumes by cursor on another instance
+//! only when its stream ends UNAVAILABLE: the drain (docs/operations.md,
+//! "Drain") must give them nothing else, and no add may take a second.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -21,10 +24,11 @@ use batcher::pb::batcher_client::BatcherClient;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-/// Groups of up to 10 items, flushed 300 ms after they open; a stop waits
-/// at most 5 s for calls in flight.
-const SETTINGS: &str = "shutdown_grace = \"5s\"\n\
+/// Groups of up to 10 items, flushed 300 ms after they open. A drain serves
+/// on for 1 s with health NOT_SERVING: ten of the balancer's probe periods.
+const SETTINGS: &str = "drain_delay = \"1s\"\ndrain_timeout = \"5s\"\n\
                         [defaults]\nmax_items = 10\nmax_wait = \"300ms\"\n\
                         [sweeper]\nmax_sleep = \"100ms\"\n";
 const INSTANCES: usize = 3;
@@ -35,15 +39,74 @@ const KEYS: usize = 6;
 const ROUNDS: usize = 2;
 /// Answered adds to wait for before each restart, and after the last.
 const STEADY: usize = 150;
-/// The deadline of every add.
-const CALL_DEADLINE: Duration = Duration::from_secs(2);
+/// The deadline of every add, kept by the client: a drain must never make
+/// an add take that long.
+const CALL_DEADLINE: Duration = Duration::from_secs(1);
+/// How often the balancer probes each instance's health.
+const PROBE_EVERY: Duration = Duration::from_millis(100);
 
-/// Where each instance serves now, as a load balancer would list them: an
-/// instance started again serves on a new port.
-type Endpoints = Arc<Mutex<Vec<SocketAddr>>>;
+/// Where each instance serves now, and whether its health said SERVING at
+/// the balancer's last probe, as a load balancer lists them: an instance
+/// started again serves on a new port.
+#[derive(Clone, Default)]
+struct Endpoints(Arc<Mutex<Vec<(SocketAddr, bool)>>>);
 
-fn endpoint(endpoints: &Endpoints, instance: usize) -> SocketAddr {
-    endpoints.lock().unwrap()[instance % INSTANCES]
+impl Endpoints {
+    fn new(addrs: Vec<SocketAddr>) -> Endpoints {
+        let slots = addrs.into_iter().map(|addr| (addr, true)).collect();
+        Endpoints(Arc::new(Mutex::new(slots)))
+    }
+
+    /// The `n`th ready instance, round the ready ones (any instance when
+    /// none is ready).
+    fn pick(&self, n: usize) -> SocketAddr {
+        let slots = self.0.lock().unwrap();
+        let ready: Vec<SocketAddr> = slots.iter().filter(|s| s.1).map(|s| s.0).collect();
+        match ready.is_empty() {
+            true => slots[n % slots.len()].0,
+            false => ready[n % ready.len()],
+        }
+    }
+
+    fn replace(&self, instance: usize, addr: SocketAddr) {
+        self.0.lock().unwrap()[instance] = (addr, false);
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.0.lock().unwrap().iter().map(|s| s.0).collect()
+    }
+
+    /// Sets whether the instance at `addr` is ready, if it is still listed.
+    fn set_ready(&self, addr: SocketAddr, ready: bool) {
+        let mut slots = self.0.lock().unwrap();
+        if let Some(slot) = slots.iter_mut().find(|s| s.0 == addr) {
+            slot.1 = ready;
+        }
+    }
+}
+
+/// The load balancer's probes: every [`PROBE_EVERY`], each listed instance's
+/// gRPC health, each on a connection of its own; an instance is ready while
+/// its probe answers SERVING within the period.
+async fn balance(endpoints: Endpoints, stop: CancellationToken) {
+    let mut probes: HashMap<SocketAddr, HealthClient<Channel>> = HashMap::new();
+    while !stop.is_cancelled() {
+        for addr in endpoints.addrs() {
+            let health = probes
+                .entry(addr)
+                .or_insert_with(|| HealthClient::new(channel(addr)));
+            let service = "batcher.v1.Batcher".to_owned();
+            let check = health.check(HealthCheckRequest { service });
+            let status = tokio::time::timeout(PROBE_EVERY, check).await;
+            let ready =
+                matches!(status, Ok(Ok(r)) if r.get_ref().status == ServingStatus::Serving as i32);
+            endpoints.set_ready(addr, ready);
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(PROBE_EVERY) => {}
+        }
+    }
 }
 
 /// What the producers were told.
@@ -60,8 +123,11 @@ struct Told {
     /// failed them (the connection closed under the call) rather than the
     /// service.
     failures: Mutex<HashMap<(tonic::Code, bool), usize>>,
-    /// Failures that were neither UNAVAILABLE nor the transport's, in full.
+    /// Failures other than UNAVAILABLE (a call past its deadline counts as
+    /// DEADLINE_EXCEEDED), in full.
     odd: Mutex<Vec<String>>,
+    /// The longest an answered add took.
+    slowest: Mutex<Duration>,
     stop: AtomicBool,
 }
 
@@ -116,15 +182,25 @@ async fn produce(endpoints: Endpoints, p: usize, told: Arc<Told>) {
         let asked = Instant::now();
         for attempt in 0.. {
             assert!(asked.elapsed() < DEADLINE, "{key}/{id} went unanswered");
-            let addr = endpoint(&endpoints, p + i + attempt);
+            let addr = endpoints.pick(p + i + attempt);
             let client = clients
                 .entry(addr)
                 .or_insert_with(|| BatcherClient::new(channel(addr)));
             let mut request = tonic::Request::new(add(&key, &id, b"payload"));
             request.set_timeout(CALL_DEADLINE);
-            let reply = tokio::time::timeout(CALL_DEADLINE + DEADLINE, client.add(request)).await;
-            match reply.unwrap_or_else(|_| panic!("an add to {addr} hung")) {
+            let sent = Instant::now();
+            let reply = tokio::time::timeout(CALL_DEADLINE, client.add(request)).await;
+            let reply = reply.unwrap_or_else(|_| {
+                Err(tonic::Status::deadline_exceeded(format!(
+                    "no answer within {CALL_DEADLINE:?}"
+                )))
+            });
+            match reply {
                 Ok(resp) => {
+                    let took = sent.elapsed();
+                    let mut slowest = told.slowest.lock().unwrap();
+                    *slowest = (*slowest).max(took);
+                    drop(slowest);
                     let outcome = resp.into_inner().outcome;
                     if attempt == 0 {
                         assert_eq!(outcome, pb::AddOutcome::Added as i32, "{key}/{id}");
@@ -147,7 +223,7 @@ async fn produce(endpoints: Endpoints, p: usize, told: Arc<Told>) {
                         .unwrap()
                         .entry((code, transport))
                         .or_default() += 1;
-                    if code != tonic::Code::Unavailable && !transport {
+                    if code != tonic::Code::Unavailable {
                         told.odd
                             .lock()
                             .unwrap()
@@ -161,10 +237,9 @@ async fn produce(endpoints: Endpoints, p: usize, told: Arc<Told>) {
 }
 
 /// Whether the client's transport failed the call, not the service: the
-/// connection closed under it, or the server's GOAWAY refused it. tonic
-/// gives such a call UNAVAILABLE, CANCELLED ("connection closed") or
-/// INTERNAL ("h2 protocol error"); the service never saw it, so it is
-/// repeated like an UNAVAILABLE one.
+/// connection closed under it, or the server's GOAWAY refused it (tonic
+/// gives such a call UNAVAILABLE, CANCELLED or INTERNAL). Counted apart;
+/// only UNAVAILABLE is retried.
 fn is_transport(status: &tonic::Status) -> bool {
     let source = std::error::Error::source(status);
     source.is_some_and(|source| source.is::<tonic::transport::Error>())
@@ -175,33 +250,54 @@ fn is_transport(status: &tonic::Status) -> bool {
 struct Received {
     /// Batch ids, in the order received.
     ids: Mutex<Vec<String>>,
-    /// Times it subscribed again, after its stream ended or failed.
+    /// Times it subscribed again, after its stream ended UNAVAILABLE.
     resumed: AtomicUsize,
+    /// Ends of its streams other than UNAVAILABLE, in full.
+    odd: Mutex<Vec<String>>,
 }
 
-/// A live subscriber from the first batch on. When its stream ends or fails
-/// it subscribes on the next instance, after the cursor of the last batch
-/// it received, each time on a connection of its own.
+/// A live subscriber from the first batch on. When its stream ends
+/// UNAVAILABLE (or subscribing fails UNAVAILABLE) it subscribes on another
+/// instance, after the cursor of the last batch it received, each time on
+/// a connection of its own. Any other end is recorded, and it resumes all
+/// the same so that the test goes on to count what it received.
 async fn subscribe(endpoints: Endpoints, received: Arc<Received>, stop: CancellationToken) {
     let mut cursor = "0".to_owned();
     for instance in 0.. {
-        let addr = endpoint(&endpoints, instance);
+        let addr = endpoints.pick(instance);
         let mut client = BatcherClient::new(channel(addr));
         let request = pb::SubscribeRequest {
             after: cursor.clone(),
             ..Default::default()
         };
-        if let Ok(stream) = client.subscribe(request).await {
-            let mut stream = stream.into_inner();
-            loop {
-                let next = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    next = stream.message() => next,
-                };
-                let Ok(Some(batch)) = next else { break };
-                received.ids.lock().unwrap().push(batch.id);
-                cursor = batch.cursor;
+        let ended: Result<(), tonic::Status> = match client.subscribe(request).await {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                loop {
+                    let next = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        next = stream.message() => next,
+                    };
+                    match next {
+                        Ok(Some(batch)) => {
+                            received.ids.lock().unwrap().push(batch.id);
+                            cursor = batch.cursor;
+                        }
+                        Ok(None) => break Err(tonic::Status::ok("the stream ended with OK")),
+                        Err(status) => break Err(status),
+                    }
+                }
             }
+            Err(status) => Err(status),
+        };
+        if let Err(status) = ended
+            && status.code() != tonic::Code::Unavailable
+        {
+            received
+                .odd
+                .lock()
+                .unwrap()
+                .push(format!("{addr}: {status:?}"));
         }
         received.resumed.fetch_add(1, Ordering::SeqCst);
         tokio::select! {
@@ -231,16 +327,17 @@ async fn restart(instances: &mut [Option<Process>], i: usize, endpoints: &Endpoi
     old.stop().await;
     let stopped = stopping.elapsed();
     let new = serve(&dir.join("batcher.toml"), &dir).start().await;
-    endpoints.lock().unwrap()[i] = new.addr;
+    endpoints.replace(i, new.addr);
     wait_health(new.addr, ServingStatus::Serving).await;
     instances[i] = Some(new);
     stopped
 }
 
-/// Three instances on one Redis, each in turn stopped with SIGTERM and
-/// started again, twice around, under load: no answered add is lost or
-/// doubled, and the live subscriber, resuming by cursor, receives every
-/// batch exactly once.
+/// Three instances on one Redis, each in turn drained with SIGTERM and
+/// started again, twice around, under load behind a balancer that follows
+/// health: no call fails but UNAVAILABLE, none takes a second, no answered
+/// add is lost or doubled, and the live subscriber, resuming by cursor when
+/// its stream ends UNAVAILABLE, receives every batch exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_restart_loses_and_doubles_nothing() {
     let redis = RedisServer::start();
@@ -251,9 +348,10 @@ async fn rolling_restart_loses_and_doubles_nothing() {
         instances.push(Some(process_with(dir.path(), &text).await));
     }
     let addrs = instances.iter().flatten().map(|p| p.addr).collect();
-    let endpoints: Endpoints = Arc::new(Mutex::new(addrs));
+    let endpoints = Endpoints::new(addrs);
     let received = Arc::new(Received::default());
     let stop = CancellationToken::new();
+    let balancer = tokio::spawn(balance(endpoints.clone(), stop.clone()));
     let subscriber = tokio::spawn(subscribe(endpoints.clone(), received.clone(), stop.clone()));
     let producers = Producers::start(&endpoints);
 
@@ -275,6 +373,7 @@ async fn rolling_restart_loses_and_doubles_nothing() {
     .await;
     stop.cancel();
     subscriber.await.expect("the subscriber panicked");
+    balancer.await.expect("the balancer panicked");
 
     let mut acknowledged = told.answered.lock().unwrap().clone();
     acknowledged.extend(sentinels.iter().map(|(item, _)| item.clone()));
@@ -286,9 +385,11 @@ async fn rolling_restart_loses_and_doubles_nothing() {
     let failures = told.failures.lock().unwrap().clone();
     eprintln!(
         "rolling: stops took {stops:?}; {placed:?}; {} items retried, {} of them DUPLICATE; \
-         failed calls {failures:?}; the subscriber resumed {} times",
+         failed calls {failures:?}; the slowest answered add took {:?}; \
+         the subscriber resumed {} times",
         told.retried.load(Ordering::SeqCst),
         told.duplicate.load(Ordering::SeqCst),
+        told.slowest.lock().unwrap(),
         received.resumed.load(Ordering::SeqCst),
     );
     let clean = Placement {
@@ -299,7 +400,12 @@ async fn rolling_restart_loses_and_doubles_nothing() {
     let odd = told.odd.lock().unwrap().clone();
     assert!(
         odd.is_empty(),
-        "{failures:?}; neither UNAVAILABLE nor the transport's: {odd:#?}"
+        "{failures:?}; adds that failed other than UNAVAILABLE: {odd:#?}"
+    );
+    let odd = received.odd.lock().unwrap().clone();
+    assert!(
+        odd.is_empty(),
+        "subscription streams that ended other than UNAVAILABLE: {odd:#?}"
     );
     assert_received_once(&received, &batches);
     for instance in instances.into_iter().flatten() {
@@ -312,7 +418,7 @@ async fn rolling_restart_loses_and_doubles_nothing() {
 /// batches' ids: once a subscriber has received those batches, it has
 /// received every batch before them on their shards.
 async fn flush_all(endpoints: &Endpoints) -> Vec<(ItemRef, String)> {
-    let client = BatcherClient::new(channel(endpoint(endpoints, 0)));
+    let client = BatcherClient::new(channel(endpoints.pick(0)));
     for key in 0..KEYS {
         let key = format!("zone-{key}");
         client
