@@ -16,8 +16,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use crate::support::{
-    self, DEADLINE, RedisServer, Service, add, add_many, config, config_text, next_batch,
-    process_with, wait_health,
+    self, DEADLINE, RedisServer, Service, add, add_many, config, config_text, eventually,
+    next_batch, process_with, wait_health,
 };
 
 /// `GET path` at `addr`: the response's status code, or None when the
@@ -259,4 +259,30 @@ async fn a_second_signal_ends_the_drain_at_once() {
         "{}",
         process.log()
     );
+}
+
+/// Waits until `GET /readyz` at `http` answers `want`.
+async fn wait_readyz(http: SocketAddr, want: u16) {
+    eventually(&format!("/readyz to answer {want}"), || async move {
+        (http_status(http, "/readyz").await == Some(want)).then_some(())
+    })
+    .await;
+}
+
+/// `GET /readyz` follows Redis as gRPC health does: 503 while Redis is
+/// down, 200 once it is back; `/livez` stays 200 throughout.
+#[tokio::test]
+async fn readyz_follows_redis() {
+    let mut redis = RedisServer::start();
+    let service = Service::start(config(&redis.url(), "")).await;
+    let http = service.http_addr.expect("[http] is on");
+    wait_readyz(http, 200).await;
+    redis.stop();
+    wait_readyz(http, 503).await;
+    wait_health(service.addr, ServingStatus::NotServing).await;
+    assert_eq!(http_status(http, "/livez").await, Some(200));
+    redis.restart();
+    wait_readyz(http, 200).await;
+    wait_health(service.addr, ServingStatus::Serving).await;
+    service.stop().await;
 }
