@@ -188,6 +188,43 @@ mod tests {
         }
     }
 
+    /// A service that answers every call OK, and counts the calls it got.
+    #[derive(Clone, Default)]
+    struct Answers(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Service<http::Request<()>> for Answers {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<http::Response<Body>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::future::ready(Ok(Status::ok("").into_http()))
+        }
+    }
+
+    /// Once the drain refuses calls, a call is answered UNAVAILABLE
+    /// (`SHUTTING_DOWN`) without reaching the service; before, it reaches it.
+    #[tokio::test]
+    async fn a_closing_drain_refuses_calls_unavailable() {
+        let answers = Answers::default();
+        let refusing = CancellationToken::new();
+        let mut service = Deadlines::new(answers.clone(), Duration::from_secs(2))
+            .refusing_after(refusing.clone());
+        let status = |response: http::Response<Body>| Status::from_header_map(response.headers());
+        let served = service.call(http::Request::new(())).await.unwrap();
+        assert_eq!(status(served).map(|s| s.code()), Some(Code::Ok));
+        refusing.cancel();
+        let refused = status(service.call(http::Request::new(())).await.unwrap()).unwrap();
+        assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+        assert!(refused.message().contains("shutting down"), "{refused:?}");
+        assert_eq!(answers.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
     /// The budget is the configured limit, or a little less than a shorter
     /// client timeout.
     #[test]
