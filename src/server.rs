@@ -467,8 +467,35 @@ async fn reload_on_sighup(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
+    /// The order in which one worker runs three tasks that a task on it
+    /// spawns one after another: with the LIFO slot the last one spawned
+    /// jumps the queue (3, 1, 2); without it they run as spawned.
+    fn spawn_order(runtime: &tokio::runtime::Runtime) -> Vec<u8> {
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let parent = runtime.spawn({
+            let ran = ran.clone();
+            async move {
+                let children: Vec<_> = (1..=3u8)
+                    .map(|n| {
+                        let ran = ran.clone();
+                        tokio::spawn(async move { ran.lock().unwrap().push(n) })
+                    })
+                    .collect();
+                for child in children {
+                    child.await.unwrap();
+                }
+            }
+        });
+        runtime.block_on(parent).unwrap();
+        ran.lock().unwrap().clone()
+    }
+
     /// The build sees `--cfg tokio_unstable` from `.cargo/config.toml`,
-    /// without which `runtime` would keep tokio's LIFO slot.
+    /// without which `runtime` would keep tokio's LIFO slot: its worker runs
+    /// spawned tasks in the order they were spawned, where a runtime with
+    /// the slot runs the last one first.
     #[test]
     fn the_runtime_is_built_without_the_lifo_slot() {
         const {
@@ -477,7 +504,12 @@ mod tests {
                 "built without --cfg tokio_unstable (is RUSTFLAGS set?)"
             )
         };
+        let with_slot = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        assert_eq!(spawn_order(&with_slot), [3, 1, 2], "the slot's order");
         let runtime = super::runtime(1).expect("runtime");
-        assert_eq!(runtime.block_on(async { 1 + 1 }), 2);
+        assert_eq!(spawn_order(&runtime), [1, 2, 3]);
     }
 }
