@@ -117,6 +117,8 @@ async fn one_item_calls_and_many_item_calls_agree_under_every_rule() {
     let a = summary(&answers[0]);
     for (side, per_call) in [(1, 6), (2, 12)] {
         let b = summary(&answers[side]);
+        assert_eq!(a.len(), b.len(), "answers at 1 and {per_call} a call");
+        assert_eq!(a.len(), items.len(), "one answer per item");
         for (n, (a, b)) in a.iter().zip(&b).enumerate() {
             assert_eq!(a, b, "add {n} at {per_call} a call: {:?}", items[n].item.id);
         }

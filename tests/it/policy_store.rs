@@ -14,6 +14,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::support::cluster::{self, shared};
+use crate::support::load::until_answered;
 use crate::support::{RedisServer, Service, add, assert_error_info, assert_invalid, eventually};
 
 /// The store on, checked every 100 ms, with `policies` as the file's tables.
@@ -376,11 +377,12 @@ async fn a_bulk_import_is_one_revision_on_every_instance() {
         reason: "postcodes".into(),
         ..Default::default()
     };
-    let import = eventually("the store to load", || {
+    // UNAVAILABLE until the store has loaded; any other error fails.
+    let import = until_answered("the import", || {
         let (mut c, req) = (ca.clone(), req.clone());
-        async move { c.import_policies(req).await.ok() }
+        async move { c.import_policies(req).await }
     });
-    let done = import.await.into_inner();
+    let (done, _) = import.await;
     assert_eq!(done.created, 1500);
     let in_force = eventually("the import on the other instance", || {
         let mut c = cb.clone();

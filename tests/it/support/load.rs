@@ -16,6 +16,8 @@ use batcher::pb;
 use batcher::pb::batcher_client::BatcherClient;
 use tonic::transport::Channel;
 
+use batcher_testkit::Wait;
+
 use super::{DEADLINE, add, eventually, placements};
 
 /// An item: its key and id.
@@ -229,34 +231,40 @@ impl Caller {
 }
 
 /// Sends `call` until it is answered, retrying UNAVAILABLE (a Redis reply
-/// slower than the service's response timeout, under load) for up to
-/// [`DEADLINE`]; any other error fails the test. Returns the answer, and
-/// whether a try failed first: Redis may have applied that try, and then
-/// the answer is DUPLICATE.
+/// slower than the service's response timeout, under load) after a pause
+/// of [`RETRY_PAUSE`], for up to [`DEADLINE`]; any other error fails the
+/// test. Returns the answer, and whether a try failed first: Redis may have
+/// applied that try, and then the answer is DUPLICATE.
 pub async fn until_answered<T, F, Fut>(what: &str, mut call: F) -> (T, bool)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    let asked = Instant::now();
-    let mut failed = false;
-    loop {
-        assert!(
-            asked.elapsed() < DEADLINE,
-            "{what} unanswered for the whole deadline"
-        );
-        match call().await {
-            Ok(reply) => return (reply.into_inner(), failed),
-            Err(status) => {
+    let failed = AtomicBool::new(false);
+    let wait = Wait::new(format!("{what} to be answered"), DEADLINE).every(RETRY_PAUSE);
+    let answer = wait
+        .until_ok(|| {
+            let reply = call();
+            let failed = &failed;
+            async move {
+                let status = match reply.await {
+                    Ok(reply) => return Ok(reply.into_inner()),
+                    Err(status) => status,
+                };
                 assert_eq!(
                     status.code(),
                     tonic::Code::Unavailable,
                     "{what}: {status:?}"
                 );
-                failed = true;
+                failed.store(true, Ordering::SeqCst);
+                Err(status.message().to_owned())
             }
-        }
-    }
+        })
+        .await;
+    (
+        answer.unwrap_or_else(|e| panic!("{e}")),
+        failed.load(Ordering::SeqCst),
+    )
 }
 
 /// Acknowledged items against the batches they should be in.
