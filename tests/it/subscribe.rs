@@ -4,10 +4,15 @@
 use crate::support;
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 
 use crate::support::scrape::scrape;
-use crate::support::{RedisServer, Service, add, command_calls, config, eventually, next_batch};
+use crate::support::{
+    Process, RedisServer, Service, add, command_calls, config, eventually, next_batch, process_with,
+};
 use batcher::pb;
+
+type Client = pb::batcher_client::BatcherClient<tonic::transport::Channel>;
 
 const ONE_ITEM_BATCHES: &str = r#"
 [defaults]
@@ -288,11 +293,20 @@ async fn nothing_is_missed_while_the_tails_start() {
     service.stop().await;
 }
 
-/// Waits until this instance has no live subscriber left (its gauge).
-async fn no_live_subscriber(service: &Service) {
-    let http = service
-        .http_addr
-        .expect("the tests' services serve /metrics");
+/// `batcher serve` on `redis` as a child process, so that its metrics (the
+/// subscriber gauge above all) are its own: in this process the recorder is
+/// shared by every test's service. Returns it, its HTTP address and a client.
+async fn own_process(redis: &RedisServer, dir: &std::path::Path) -> (Process, SocketAddr, Client) {
+    let text = support::config_text(&redis.url(), ONE_ITEM_BATCHES);
+    let mut process = process_with(dir, &text).await;
+    let http = process.http_addr().await;
+    let client = support::client(process.addr).await;
+    (process, http, client)
+}
+
+/// Waits until the instance serving `/metrics` at `http` has no live
+/// subscriber left (its gauge).
+async fn no_live_subscriber(http: SocketAddr) {
     eventually("the live subscriber to leave", || async move {
         let live = scrape(http)
             .await
@@ -308,8 +322,8 @@ async fn no_live_subscriber(service: &Service) {
 #[tokio::test]
 async fn tails_read_only_while_someone_listens() {
     let redis = RedisServer::start();
-    let service = Service::start(config(&redis.url(), ONE_ITEM_BATCHES)).await;
-    let mut client = service.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (process, http, mut client) = own_process(&redis, dir.path()).await;
     for i in 0..20 {
         flush_n(&mut client, "k", i, 1).await;
     }
@@ -327,7 +341,7 @@ async fn tails_read_only_while_someone_listens() {
     assert_eq!(got, vec![20, 21, 22]);
     assert!(command_calls(&redis, &["xread"]) > 0);
     drop(stream);
-    no_live_subscriber(&service).await;
+    no_live_subscriber(http).await;
     let before = command_calls(&redis, &["xread"]);
     // One batch a call, each landing on its own: a tail that kept reading
     // would read about one each time.
@@ -339,7 +353,7 @@ async fn tails_read_only_while_someone_listens() {
         reads <= 4,
         "{reads} reads after the last subscriber left (4 shards)"
     );
-    service.stop().await;
+    process.stop().await;
 }
 
 /// Subscribers that come after the tails stopped, or while they stop, get
@@ -349,8 +363,8 @@ async fn tails_read_only_while_someone_listens() {
 #[tokio::test]
 async fn subscribers_after_an_idle_spell_miss_nothing() {
     let redis = RedisServer::start();
-    let service = Service::start(config(&redis.url(), ONE_ITEM_BATCHES)).await;
-    let mut client = service.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (process, http, mut client) = own_process(&redis, dir.path()).await;
     let keys = ["a", "b", "c", "d", "e", "f"];
     let mut stream = every_batch(&mut client).await;
     for key in keys {
@@ -361,7 +375,7 @@ async fn subscribers_after_an_idle_spell_miss_nothing() {
         cursor = next_batch(&mut stream).await.cursor;
     }
     drop(stream);
-    no_live_subscriber(&service).await;
+    no_live_subscriber(http).await;
     // Flushed with nobody listening; then a subscriber from the cursor.
     for key in keys {
         flush_n(&mut client, key, 2, 2).await;
@@ -394,5 +408,5 @@ async fn subscribers_after_an_idle_spell_miss_nothing() {
         ];
         assert_eq!(got, [100 + 2 * round, 101 + 2 * round], "round {round}");
     }
-    service.stop().await;
+    process.stop().await;
 }
