@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::support::cluster::wait_all_flushed;
 use crate::support::load::{ItemRef, Load, Tally, until_answered};
 use crate::support::{
     RedisServer, Service, add, all_batches, assert_error_info, config, eventually, next_batch,
@@ -20,17 +21,6 @@ use tonic::Code;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-async fn open_groups(client: &mut BatcherClient<Channel>) -> usize {
-    client
-        .list_groups(pb::ListGroupsRequest {
-            page_size: 1000,
-            ..Default::default()
-        })
-        .await
-        .map(|r| r.into_inner().groups.len())
-        .unwrap_or(usize::MAX)
-}
-
 /// With Redis down calls fail fast with UNAVAILABLE and health reports
 /// NOT_SERVING; when it returns the service works again by itself, health
 /// reports SERVING, and the sweeper flushes what fell due.
@@ -40,7 +30,7 @@ async fn redis_outage_is_unavailable_then_recovers() {
     let extra = r#"
 [defaults]
 max_items = 100
-max_wait = "500ms"
+max_wait = "2s"
 "#;
     let service = Service::start(config(&redis.url(), extra)).await;
     let mut client = service.client().await;
@@ -188,11 +178,7 @@ max_sleep = "50ms"
         task.await.unwrap();
     }
     let client = a.client().await;
-    eventually("every group to flush", || {
-        let mut client = client.clone();
-        async move { (open_groups(&mut client).await == 0).then_some(()) }
-    })
-    .await;
+    wait_all_flushed(&client).await;
     let batches = all_batches(&store(&cfg)).await;
     assert!(
         batches
@@ -285,11 +271,7 @@ async fn sigkill_mid_load_loses_nothing() {
     for (key, id) in &retries {
         client.add(add(key, id, b"payload")).await.unwrap();
     }
-    eventually("the open groups to flush by timeout", || {
-        let mut client = client.clone();
-        async move { (open_groups(&mut client).await == 0).then_some(()) }
-    })
-    .await;
+    wait_all_flushed(&client).await;
     let batches = all_batches(&store(&config(&redis.url(), ""))).await;
     assert_exactly_once(&batches, acknowledged.into_iter().chain(retries));
     assert!(batches.iter().all(|b| b.items.len() <= 9));
@@ -341,11 +323,7 @@ max_wait = "500ms"
         })
         .await;
     }
-    eventually("every group to flush", || {
-        let mut client = client.clone();
-        async move { (open_groups(&mut client).await == 0).then_some(()) }
-    })
-    .await;
+    wait_all_flushed(&client).await;
     assert_exactly_once(
         &all_batches(&store(&cfg)).await,
         tally.acknowledged.into_iter().chain(retries),
