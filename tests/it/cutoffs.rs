@@ -118,9 +118,11 @@ async fn an_add_after_the_cutoff_flushes_the_unswept_group_first() {
 
 /// min_items with max_age: TIMEOUT on a too-small group holds it open,
 /// re-armed to opened + max_age (MAX_AGE), and then it flushes with MAX_AGE.
+/// (max_wait is 3 s so that the group is read before its TIMEOUT on a busy
+/// machine.)
 #[tokio::test]
 async fn min_items_holds_a_small_group_until_max_age() {
-    let extra = "[defaults]\nmax_items = 100\nmax_wait = \"1s\"\nmin_items = 3\nmax_age = \"3s\"\n";
+    let extra = "[defaults]\nmax_items = 100\nmax_wait = \"3s\"\nmin_items = 3\nmax_age = \"6s\"\n";
     let (_redis, service, mut client) = start(extra).await;
     let mut stream = subscribe_all(&mut client).await;
     added(&mut client, "k", "a").await;
@@ -129,17 +131,17 @@ async fn min_items_holds_a_small_group_until_max_age() {
     let opened = ms(&open.opened_at);
     assert_eq!(
         (due_reason(&open), ms(&open.due_at)),
-        (FlushReason::Timeout, opened + 1000)
+        (FlushReason::Timeout, opened + 3000)
     );
 
     let hold = held(&client, "k", FlushReason::MaxAge).await;
-    assert_eq!((hold.size, ms(&hold.due_at)), (2, opened + 3000));
-    assert!(now_ms() >= opened + 1000, "held before its TIMEOUT");
+    assert_eq!((hold.size, ms(&hold.due_at)), (2, opened + 6000));
+    assert!(now_ms() >= opened + 3000, "held before its TIMEOUT");
 
     let batch = next_batch(&mut stream).await;
     assert_eq!(reason(&batch), FlushReason::MaxAge);
     assert_eq!(ids(&batch.items), ["a", "b"]);
-    let late = ms(&batch.flushed_at) - (opened + 3000);
+    let late = ms(&batch.flushed_at) - (opened + 6000);
     assert!(
         (0..LATE_MS).contains(&late),
         "flushed {late} ms after max_age"
@@ -149,19 +151,21 @@ async fn min_items_holds_a_small_group_until_max_age() {
 
 /// min_items with a cutoff: the TIMEOUT hold is re-armed to the cutoff
 /// (given as HH:MM:SS in America/New_York), where it flushes with CUTOFF.
+/// (max_wait is 3 s so that the group is read before its TIMEOUT on a busy
+/// machine, and the cutoff well after it.)
 #[tokio::test]
 async fn min_items_with_a_cutoff_holds_until_the_cutoff() {
     let zone = "America/New_York";
-    let (cut, at) = cutoff_ahead(zone, 9);
+    let (cut, at) = cutoff_ahead(zone, 12);
     let extra = format!(
-        "[defaults]\nmax_items = 100\nmax_wait = \"1s\"\nmin_items = 3\nmax_age = \"1h\"\n\
+        "[defaults]\nmax_items = 100\nmax_wait = \"3s\"\nmin_items = 3\nmax_age = \"1h\"\n\
          cutoffs = [\"{cut}\"]\ntimezone = \"{zone}\"\n"
     );
     let (_redis, service, mut client) = start(&extra).await;
     let mut stream = subscribe_all(&mut client).await;
     added(&mut client, "k", "a").await;
     let open = group(&mut client, "k").await.expect("open");
-    assert!(ms(&open.opened_at) + 1000 < at, "the setup took too long");
+    assert!(ms(&open.opened_at) + 3000 < at, "the setup took too long");
     assert_eq!(due_reason(&open), FlushReason::Timeout);
 
     let hold = held(&client, "k", FlushReason::Cutoff).await;

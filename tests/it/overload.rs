@@ -123,7 +123,8 @@ fn oom_errors(redis: &RedisServer) -> u64 {
 #[tokio::test]
 async fn redis_at_maxmemory_refuses_writes_and_recovers() {
     let redis = RedisServer::start();
-    let extra = "[defaults]\nmax_items = 3\nmax_wait = \"1s\"\n[sweeper]\nmax_sleep = \"100ms\"\n";
+    // 3 s: long enough for maxmemory to be set before "open" falls due.
+    let extra = "[defaults]\nmax_items = 3\nmax_wait = \"3s\"\n[sweeper]\nmax_sleep = \"100ms\"\n";
     let config = config(&redis.url(), extra);
     let service = Service::start(config.clone()).await;
     let mut client = service.client().await;

@@ -195,19 +195,20 @@ async fn close_group_flushes_with_the_item_and_a_retry_closes_nothing() {
 /// pushes that later, and the group flushes with IDLE then, not before.
 #[tokio::test]
 async fn max_idle_flushes_after_no_adds_and_an_add_pushes_it_later() {
-    let extra = "[defaults]\nmax_items = 100\nmax_wait = \"10m\"\nmax_idle = \"1500ms\"\n";
+    // 4 s: long enough for the second add to come first on a busy machine.
+    let extra = "[defaults]\nmax_items = 100\nmax_wait = \"10m\"\nmax_idle = \"4s\"\n";
     let (_redis, service, mut client) = start(extra).await;
     let mut stream = subscribe_all(&mut client).await;
     added(&mut client, weighed("k", "a", &[])).await;
     let first = group(&mut client, "k").await.expect("open");
     assert_eq!(due_reason(&first), FlushReason::Idle);
-    assert_eq!(ms(&first.due_at), ms(&first.last_added_at) + 1500);
+    assert_eq!(ms(&first.due_at), ms(&first.last_added_at) + 4000);
 
     support::policy::clock_past(ms(&first.last_added_at) + 700).await;
     added(&mut client, weighed("k", "b", &[])).await;
     let second = group(&mut client, "k").await.expect("still open");
     assert_eq!(due_reason(&second), FlushReason::Idle);
-    assert_eq!(ms(&second.due_at), ms(&second.last_added_at) + 1500);
+    assert_eq!(ms(&second.due_at), ms(&second.last_added_at) + 4000);
     assert!(ms(&second.due_at) >= ms(&first.due_at) + 700, "not pushed");
 
     let batch = next_batch(&mut stream).await;
@@ -232,7 +233,8 @@ async fn a_deadline_before_max_wait_flushes_at_deadline_minus_lead() {
     assert_eq!(due_reason(&open), FlushReason::Deadline);
     assert_eq!(ms(&open.due_at), now + 59_000);
 
-    let soon = now + 3000;
+    // 8 s: long enough for the adds and the read to come first.
+    let soon = now + 8000;
     added(&mut client, due_by(weighed("k", "b", &[]), soon)).await;
     added(&mut client, weighed("k", "c", &[])).await;
     let open = group(&mut client, "k").await.expect("open");
