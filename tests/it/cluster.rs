@@ -18,9 +18,14 @@ use batcher::pb::batcher_client::BatcherClient;
 use rand::{Rng, SeedableRng};
 use tonic::transport::Channel;
 
+/// A Redis reply these tests wait for: the shared cluster's six nodes
+/// answer every cluster test at once, and on a busy machine a reply can
+/// take longer than the default deadline, which these tests do not test.
+const PATIENT: &str = "response_timeout = \"10s\"";
+
 /// A service over the shared cluster with key prefix `prefix`.
 async fn service(prefix: &str, extra: &str) -> (Config, Service, BatcherClient<Channel>) {
-    let config = cluster::config(&shared().urls, prefix, extra, "");
+    let config = cluster::config(&shared().urls, prefix, extra, PATIENT);
     let service = Service::start(config.clone()).await;
     let client = service.client().await;
     (config, service, client)
