@@ -33,6 +33,7 @@
 pub mod error;
 pub mod guard;
 mod policy;
+pub mod sink;
 #[cfg(test)]
 mod tests;
 pub mod validate;
@@ -53,6 +54,7 @@ pub use self::policy::{
     CutoffTimes, DEFAULT_DEADLINE_LEAD, DEFAULT_MIN_ITEMS, DEFAULT_TIMEZONE, KeyPolicy,
     PolicyDefaults, PolicyStoreConfig, TimeZoneName,
 };
+pub use self::sink::{SinkConfig, SinkKind, SinkOptions, WebhookOptions};
 pub use self::validate::Violation;
 use crate::policy::{Policies, Policy};
 
@@ -227,6 +229,9 @@ pub struct Config {
     pub log: LogConfig,
     /// Policies as shared live data in Redis instead of this file's tables.
     pub policy_store: PolicyStoreConfig,
+    /// Where the service delivers batches itself (`[[sinks]]`, see
+    /// docs/sinks.md); reloaded on SIGHUP.
+    pub sinks: Vec<SinkConfig>,
 }
 
 impl Default for Config {
@@ -248,6 +253,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             log: LogConfig::default(),
             policy_store: PolicyStoreConfig::default(),
+            sinks: Vec::new(),
         }
     }
 }
@@ -522,7 +528,8 @@ impl Config {
     /// those of the guard-rail tables (see [`guard`]).
     pub fn validate(&self) -> Result<(), Violation> {
         validate::check(self)?;
-        guard::check(self)
+        guard::check(self)?;
+        sink::check(&self.sinks)
     }
 
     /// The threads of the service's runtime: `worker_threads` when set, else
