@@ -131,6 +131,18 @@ impl Keyspace {
         format!("{}:dead:{group}", self.tag(shard))
     }
 
+    /// A sink's lease on a shard: the consumer of the one instance that
+    /// delivers the shard's batches to the sink's group (see `crate::sinks`).
+    pub fn sink_lease(&self, shard: u16, group: &str) -> String {
+        format!("{}:lease:{group}", self.tag(shard))
+    }
+
+    /// Hash of a sink's dead letters in a shard: batch id -> why it failed
+    /// (the last status and an excerpt of the last answer).
+    pub fn sink_failures(&self, shard: u16, group: &str) -> String {
+        format!("{}:failures:{group}", self.tag(shard))
+    }
+
     /// Hash mapping a re-driven batch's entry id to its copy's entry id.
     pub fn redriven(&self, shard: u16, group: &str) -> String {
         format!("{}:redriven:{group}", self.tag(shard))

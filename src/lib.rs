@@ -26,6 +26,9 @@
 //! - `subscribers`: live subscriptions (shard tails fanned out to subscribers)
 //!   and durable ones (consumers of a consumer group, each holding at most
 //!   `max_unacked` unacked batches).
+//! - `sinks`: delivery by the service itself (`[[sinks]]`): signed webhooks,
+//!   each sink a durable consumer group acked on the receiver's acceptance,
+//!   in order per key, retried, dead-lettered.
 //! - `error`: the API's errors and the one mapping of them to gRPC status
 //!   codes with AIP-193 error details (used by `auth` and `service`).
 //! - `service`: the gRPC API: handlers (Requeue in its own file), request
@@ -71,6 +74,7 @@ pub mod policy_store;
 pub mod scripts;
 pub mod server;
 pub mod service;
+pub mod sinks;
 pub mod store;
 pub mod subscribers;
 pub mod sweeper;

@@ -167,7 +167,11 @@ async fn serve(
         tasks: &tasks,
         closing: &closing,
     };
-    let service = start_service(store.clone(), config, reload_from, &edge, &started);
+    // Sinks stop when the drain refuses calls: their leases are given up,
+    // so other instances take their shards over at once.
+    let sinks =
+        crate::sinks::Sinks::start(store.clone(), &config.sinks, &tracker, closing.clone()).await;
+    let service = start_service(store.clone(), config, reload_from, &edge, sinks, &started);
     let web_api = crate::http::Api {
         service: service.clone(),
         auth: edge.auth.clone(),
@@ -328,6 +332,7 @@ fn start_service(
     config: &Config,
     reload_from: Option<PathBuf>,
     edge: &Edge,
+    sinks: crate::sinks::Sinks,
     started: &StartedTasks<'_>,
 ) -> BatcherService {
     let (tracker, tasks) = (started.tracker, started.tasks);
@@ -362,7 +367,7 @@ fn start_service(
     });
     if let Some(path) = reload_from {
         let file_policies = policy_store.is_none().then(|| policies.clone());
-        let reload = reload_on_sighup(path, file_policies, edge.clone(), tasks.clone());
+        let reload = reload_on_sighup(path, file_policies, edge.clone(), sinks, tasks.clone());
         tracker.spawn(reload);
     }
     let service = BatcherService::new(
@@ -414,11 +419,12 @@ fn routes(
 }
 
 /// Re-reads the config file on SIGHUP and swaps in its policies, TLS
-/// certificates and tokens. A bad file is logged and what is in force stays.
+/// certificates, tokens and sinks. A bad file is logged and what is in force stays.
 async fn reload_on_sighup(
     path: PathBuf,
     policies: Option<PolicyHandle>,
     edge: Edge,
+    sinks: crate::sinks::Sinks,
     shutdown: CancellationToken,
 ) {
     use tokio::signal::unix::{SignalKind, signal};
@@ -456,6 +462,7 @@ async fn reload_on_sighup(
                 }
                 tls::reload(edge.tls.as_ref(), config.tls.as_ref());
                 edge.auth.reload(config.auth.as_ref());
+                sinks.reload(&config.sinks).await;
                 tracing::info!(path = %path.display(), "config reloaded");
             }
             Err(err) => {

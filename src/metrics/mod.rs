@@ -136,6 +136,7 @@ pub fn render() -> String {
 
 /// The help texts of the families.
 fn describe() {
+    crate::sinks::metrics::describe();
     describe_counter!(ITEMS_ADDED, "Items accepted by adds, by outcome.");
     describe_counter!(BATCHES_FLUSHED, "Batches this instance flushed, by reason.");
     describe_histogram!(BATCH_ITEMS, "Items per flushed batch.");

@@ -143,6 +143,10 @@ pub static POLICY_UPDATE: LazyLock<Script> =
 pub static POLICY_SWAP: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/policy_swap.lua")));
 
+/// Takes, renews or gives up a sink's lease on a shard.
+pub static TAKE_LEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/take_lease.lua")));
+
 /// Re-drives dead-lettered batches to their consumer group; it writes a
 /// batch's own fields, so it starts with the layout's tables ([`layout::lua`]).
 pub static REDRIVE_BATCHES: LazyLock<Script> = LazyLock::new(|| {

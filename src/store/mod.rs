@@ -21,6 +21,8 @@
 //! - `groups`: remove, flush, the due scan, and reading open groups.
 //! - `streams`: stream heads, reads (including blocking tails) and trimming.
 //! - `consumer_groups`: durable subscriptions' reads, claims, acks and dead letters.
+//! - `sinks`: a sink's shard leases, recovery of what a former holder
+//!   left pending, and dead letters with why they failed.
 //! - `policies`: the policy store's documents, revision and history.
 //! - `stats`: the counts behind the metrics gauges (open groups, consumer backlogs).
 //! - `decode`: how replies become our types; `ext`: an item's ext, packed
@@ -35,6 +37,7 @@ mod error;
 mod ext;
 mod groups;
 mod policies;
+mod sinks;
 mod stats;
 mod streams;
 

@@ -47,6 +47,7 @@ mod requeue;
 mod resilience;
 mod rolling;
 mod runbook;
+mod sinks;
 mod subscribe;
 mod timing;
 mod tls;
