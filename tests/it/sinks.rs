@@ -54,6 +54,11 @@ struct Receiver {
 
 impl Receiver {
     async fn start(answer: Arc<Answer>) -> Receiver {
+        Receiver::start_with(answer, None).await
+    }
+
+    /// Over TLS with `tls` when given.
+    async fn start_with(answer: Arc<Answer>, tls: Option<rustls::ServerConfig>) -> Receiver {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let answer = Arc::new(Mutex::new(answer));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -66,7 +71,14 @@ impl Receiver {
                 async move { receive(seen, answer, headers, body).await }
             }),
         );
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        match tls {
+            None => tokio::spawn(async move { axum::serve(listener, app).await }),
+            Some(config) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+                let listener = TlsListener { listener, acceptor };
+                tokio::spawn(async move { axum::serve(listener, app).await })
+            }
+        };
         Receiver { addr, seen, answer }
     }
 
@@ -90,6 +102,33 @@ impl Receiver {
             async move { done.then_some(log) }
         })
         .await
+    }
+}
+
+/// A TCP listener whose connections complete a TLS handshake first; one
+/// that fails it is dropped.
+struct TlsListener {
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, SocketAddr) {
+        loop {
+            let Ok((tcp, peer)) = self.listener.accept().await else {
+                continue;
+            };
+            if let Ok(tls) = self.acceptor.accept(tcp).await {
+                return (tls, peer);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
     }
 }
 
@@ -266,6 +305,56 @@ async fn signed_delivery_with_rotation() {
         .unwrap()
         .as_secs();
     assert!(ts.abs_diff(now) < 60, "webhook-timestamp {ts} is now");
+    wait_acked(&redis, "tms").await;
+    service.stop().await;
+}
+
+/// An https receiver whose certificate a private CA signed, and which
+/// requires a client certificate of that CA: the sink trusts `ca_file` and
+/// presents `client_cert_file`, and the batch is delivered.
+#[tokio::test]
+async fn https_with_a_private_ca_and_a_client_certificate() {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = support::tls::Certs::generate(dir.path());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(&certs.ca_file).unwrap())
+        .unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![CertificateDer::from_pem_file(&certs.cert_file).unwrap()],
+            PrivateKeyDer::from_pem_file(&certs.key_file).unwrap(),
+        )
+        .unwrap();
+    let receiver = Receiver::start_with(always(200), Some(server)).await;
+    let (cert, key) = certs.client_pem("batcher");
+    let (cert_file, key_file) = (dir.path().join("client.pem"), dir.path().join("client.key"));
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    let options = format!(
+        "ca_file = \"{}\"\nclient_cert_file = \"{}\"\nclient_key_file = \"{}\"",
+        certs.ca_file.display(),
+        cert_file.display(),
+        key_file.display()
+    );
+    let url = receiver.url().replace("http://", "https://");
+    let sinks = sink_toml(dir.path(), "tms", &url, &options);
+    let service = start(&redis, &sinks, &["tms"]).await;
+    let mut client = service.client().await;
+    let id = flush(&mut client, "north", "p1").await;
+    receiver.wait_accepted(&id).await;
     wait_acked(&redis, "tms").await;
     service.stop().await;
 }
@@ -506,7 +595,8 @@ async fn killed_instance_loses_nothing() {
 }
 
 /// SIGHUP adds a sink to a running service, which then delivers to it and
-/// counts its deliveries by outcome.
+/// counts its deliveries by outcome; a new secret is signed with after the
+/// next SIGHUP; a removed sink stops and its group stays.
 #[tokio::test]
 async fn sighup_adds_a_sink() {
     let redis = RedisServer::start();
@@ -560,5 +650,34 @@ async fn sighup_adds_a_sink() {
         scrape.get("batcher_sink_retrying_keys", &[("sink", "tms")]),
         0.0
     );
+
+    // A rotated secret file is read again on SIGHUP.
+    receiver.set(always(200));
+    std::fs::write(dir.path().join("tms.secret"), whsec(OLD_SECRET)).unwrap();
+    process.signal(libc::SIGHUP);
+    eventually("the sink to restart with the new secret", || {
+        let restarted = process.log().matches("sink started").count() >= 2;
+        async move { restarted.then_some(()) }
+    })
+    .await;
+    let id = flush(&mut client, "north", "p3").await;
+    let log = receiver.wait_accepted(&id).await;
+    let r = log.iter().find(|r| r.id == id).unwrap();
+    assert_eq!(r.signature, signature(OLD_SECRET, r));
+
+    // Removed, its group stays; back again, it resumes where its group
+    // stood: the batch flushed while it was gone is delivered.
+    std::fs::write(&path, support::config_text(&redis.url(), &base)).unwrap();
+    process.signal(libc::SIGHUP);
+    eventually("the sink to be removed", || {
+        let removed = process.log().contains("sink removed");
+        async move { removed.then_some(()) }
+    })
+    .await;
+    let kept = flush(&mut client, "north", "p4").await;
+    assert!(store.consumer_group("sink.tms").await.unwrap().is_some());
+    std::fs::write(&path, support::config_text(&redis.url(), &with_sink)).unwrap();
+    process.signal(libc::SIGHUP);
+    receiver.wait_accepted(&kept).await;
     process.stop().await;
 }
