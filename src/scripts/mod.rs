@@ -5,7 +5,8 @@
 //! It is loaded once per node with `FUNCTION LOAD` and called with `FCALL`,
 //! so a call runs only its function, not a script body that makes its
 //! helpers anew. The durable subscriptions' four scripts (claim, release,
-//! ack, redrive) touch no group and run by `EVALSHA`.
+//! ack, redrive) and the sinks' lease script touch no group and run by
+//! `EVALSHA`.
 //!
 //! The library is named by a hash of its code (`batcher_<hash>`), and so
 //! are its functions, so that two versions of the service on one Redis

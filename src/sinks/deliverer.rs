@@ -128,6 +128,7 @@ impl Deliverer {
             held: 0,
             in_flight: JoinSet::new(),
             flying: HashMap::new(),
+            read_from: 0,
             next_lease: Instant::now(),
             next_read: Instant::now(),
         };
@@ -242,7 +243,12 @@ impl Deliverer {
     async fn read(&self, state: &mut State) -> Result<bool, crate::store::StoreError> {
         let shared = &self.shared;
         let mut more = false;
-        for shard in 0..shared.store.keyspace().shards() {
+        let shards = shared.store.keyspace().shards();
+        // Each read starts one shard further, so a shard with a backlog
+        // cannot keep the others' batches waiting.
+        state.read_from = (state.read_from + 1) % shards;
+        let first = state.read_from;
+        for shard in (0..shards).map(|i| (first + i) % shards) {
             if state.held_until[usize::from(shard)].is_none() {
                 continue;
             }
@@ -354,6 +360,8 @@ struct State {
     in_flight: JoinSet<(String, Done)>,
     /// The key of each delivery in flight, by task.
     flying: HashMap<tokio::task::Id, String>,
+    /// The shard the last read started at.
+    read_from: u16,
     next_lease: Instant,
     next_read: Instant,
 }
