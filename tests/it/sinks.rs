@@ -40,6 +40,9 @@ type Answer =
 #[derive(Default)]
 struct Seen {
     log: Vec<Received>,
+    /// The webhook-id of every request as it arrives (the log has those
+    /// answered: a request its client gave up on is never answered).
+    arrivals: Vec<String>,
     in_flight: HashMap<String, usize>,
     /// Set when two requests of one key overlapped.
     overlap: bool,
@@ -152,7 +155,8 @@ async fn receive(
         .unwrap_or_default();
     let (n, answer) = {
         let mut seen = seen.lock().unwrap();
-        let n = 1 + seen.log.iter().filter(|r| r.id == id).count();
+        let n = 1 + seen.arrivals.iter().filter(|a| **a == id).count();
+        seen.arrivals.push(id.clone());
         let flying = seen.in_flight.entry(key.clone()).or_default();
         *flying += 1;
         if *flying > 1 {
@@ -381,6 +385,59 @@ async fn server_errors_are_retried_with_the_same_id() {
         .collect();
     assert_eq!(statuses, [503, 503, 200]);
     wait_acked(&redis, "tms").await;
+    service.stop().await;
+}
+
+/// An attempt that outlasts `timeout` is retried, with the same id; the
+/// retry's 2xx acks the batch.
+#[tokio::test]
+async fn a_timeout_is_retried() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(Arc::new(|_, n| {
+        let delay = if n == 1 {
+            Duration::from_secs(2)
+        } else {
+            Duration::ZERO
+        };
+        (200, vec![], String::new(), delay)
+    }))
+    .await;
+    let sinks = sink_toml(dir.path(), "tms", &receiver.url(), "timeout = \"300ms\"");
+    let service = start(&redis, &sinks, &["tms"]).await;
+    let mut client = service.client().await;
+    let id = flush(&mut client, "north", "p1").await;
+    receiver.wait_accepted(&id).await;
+    wait_acked(&redis, "tms").await;
+    let arrivals = receiver.seen.lock().unwrap().arrivals.clone();
+    assert_eq!(arrivals, [id.clone(), id.clone()], "one retry, same id");
+    assert_eq!(receiver.log().len(), 1, "the first request was given up on");
+    service.stop().await;
+}
+
+/// A batch that fails `max_attempts` times goes to the dead letters with
+/// the last status and answer, and is not tried again.
+#[tokio::test]
+async fn max_attempts_dead_letters() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(Arc::new(|_, n| {
+        (503, vec![], format!("down {n}"), Duration::ZERO)
+    }))
+    .await;
+    let sinks = sink_toml(dir.path(), "tms", &receiver.url(), "max_attempts = 3");
+    let service = start(&redis, &sinks, &["tms"]).await;
+    let mut client = service.client().await;
+    let id = flush(&mut client, "north", "p1").await;
+    let store = support::store(&support::config(&redis.url(), ""));
+    let why = eventually("the batch to be dead-lettered", || {
+        let (store, id) = (store.clone(), id.clone());
+        async move { store.sink_failure("sink.tms", &id).await.ok().flatten() }
+    })
+    .await;
+    assert_eq!(why, "status 503: down 3");
+    wait_acked(&redis, "tms").await;
+    assert_eq!(receiver.log().len(), 3);
     service.stop().await;
 }
 
