@@ -14,7 +14,15 @@ fn the_runbook_names_only_metrics_the_service_exports() {
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .filter(|w| w.starts_with("batcher_"))
         .collect();
-    let families = batcher::metrics::FAMILIES;
+    let sinks = [
+        batcher::sinks::metrics::SINK_DELIVERIES,
+        batcher::sinks::metrics::SINK_RETRYING_KEYS,
+    ];
+    let families: Vec<&str> = batcher::metrics::FAMILIES
+        .iter()
+        .copied()
+        .chain(sinks)
+        .collect();
     let unknown: Vec<&&str> = named
         .iter()
         .filter(|name| {
@@ -34,6 +42,7 @@ fn the_runbook_names_only_metrics_the_service_exports() {
         batcher::metrics::OPEN_GROUPS_LIMIT,
         batcher::metrics::FLUSH_LATENESS,
         batcher::metrics::REQUESTS,
+        batcher::sinks::metrics::SINK_DELIVERIES,
     ] {
         assert!(
             named.iter().any(|n| n.starts_with(family)),
