@@ -1,5 +1,5 @@
-//! A stop is a drain. On the first SIGTERM (or SIGINT) the server
-//! ([`crate::server::run_draining`]) goes through these steps, each logged
+//! A stop is a drain. On the first SIGTERM (or SIGINT) the server (its
+//! `run_draining`) goes through these steps, each logged
 //! with its duration:
 //!
 //! 1. Readiness goes false at once: gRPC health reports NOT_SERVING and

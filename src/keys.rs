@@ -132,7 +132,7 @@ impl Keyspace {
     }
 
     /// A sink's lease on a shard: the consumer of the one instance that
-    /// delivers the shard's batches to the sink's group (see `crate::sinks`).
+    /// delivers the shard's batches to the sink's group (docs/sinks.md).
     pub fn sink_lease(&self, shard: u16, group: &str) -> String {
         format!("{}:lease:{group}", self.tag(shard))
     }

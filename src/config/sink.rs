@@ -1,6 +1,6 @@
 //! `[[sinks]]`: where the service itself delivers batches, each sink a
 //! durable consumer group whose ack is the sink's acceptance (see
-//! `crate::sinks` and docs/sinks.md).
+//! docs/sinks.md).
 //!
 //! A sink has a name, a `kind`, the `keys` it takes (`*` globs, as the
 //! policies' key tables) and an `options` table whose fields depend on the

@@ -16,6 +16,7 @@
 //! The gauges read from Redis are set by `crate::gauges`, above `store`.
 
 mod requests;
+pub mod sinks;
 
 use std::future::Future;
 use std::sync::{LazyLock, OnceLock};
@@ -136,7 +137,7 @@ pub fn render() -> String {
 
 /// The help texts of the families.
 fn describe() {
-    crate::sinks::metrics::describe();
+    sinks::describe();
     describe_counter!(ITEMS_ADDED, "Items accepted by adds, by outcome.");
     describe_counter!(BATCHES_FLUSHED, "Batches this instance flushed, by reason.");
     describe_histogram!(BATCH_ITEMS, "Items per flushed batch.");

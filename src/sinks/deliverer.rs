@@ -20,10 +20,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::SinkMetrics;
 use super::webhook::{Attempt, Webhook};
 use crate::batch::{Batch, StreamId};
 use crate::config::{SinkConfig, SinkOptions, WebhookOptions};
+use crate::metrics::sinks::SinkMetrics;
 use crate::store::Store;
 
 /// The longest a deliverer waits before reading its shards again.

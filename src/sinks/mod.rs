@@ -15,7 +15,6 @@
 //! same for every kind.
 
 mod deliverer;
-pub mod metrics;
 pub mod secret;
 pub mod webhook;
 

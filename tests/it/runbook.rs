@@ -15,8 +15,8 @@ fn the_runbook_names_only_metrics_the_service_exports() {
         .filter(|w| w.starts_with("batcher_"))
         .collect();
     let sinks = [
-        batcher::sinks::metrics::SINK_DELIVERIES,
-        batcher::sinks::metrics::SINK_RETRYING_KEYS,
+        batcher::metrics::sinks::SINK_DELIVERIES,
+        batcher::metrics::sinks::SINK_RETRYING_KEYS,
     ];
     let families: Vec<&str> = batcher::metrics::FAMILIES
         .iter()
@@ -42,7 +42,7 @@ fn the_runbook_names_only_metrics_the_service_exports() {
         batcher::metrics::OPEN_GROUPS_LIMIT,
         batcher::metrics::FLUSH_LATENESS,
         batcher::metrics::REQUESTS,
-        batcher::sinks::metrics::SINK_DELIVERIES,
+        batcher::metrics::sinks::SINK_DELIVERIES,
     ] {
         assert!(
             named.iter().any(|n| n.starts_with(family)),

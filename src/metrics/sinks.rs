@@ -1,4 +1,4 @@
-//! A sink's metrics: deliveries by outcome, and keys waiting for a retry.
+//! A sink's metrics (src/sinks): deliveries by outcome, and keys waiting for a retry.
 //! They carry the sink's name only: never its URL or secret.
 
 use metrics::{Counter, Gauge, counter, gauge};
